@@ -1,0 +1,55 @@
+"""Overflow rules the engine applies for a policy when a batch exceeds the KV capacity.
+
+Each rule is configured in the policy's yaml (``overflow: {_target_: ...}``).
+After the rule's evictions the engine charges the failed attempt the predicted
+time of the batch that could not run and asks the policy again (MODEL.md §3.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class ClearAll:
+    """Clear every holder (alpha-protection greedy)."""
+
+    def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
+        return holders
+
+
+@dataclass(frozen=True)
+class ClearEachWithProb:
+    """Clear each holder independently with probability ``beta`` (alpha/beta-clearing).
+
+    The remaining set may still exceed the capacity; the next attempt then
+    fails again and another pass is made, as POLICIES.md §3 prescribes.
+    """
+
+    beta: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.beta <= 1.0:
+            raise ValueError(f"overflow.beta must be in (0, 1], got {self.beta}")
+
+    def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
+        return holders[rng.random(holders.size) < self.beta]
+
+
+def _evict_in_order(order: np.ndarray, holders, held_after, kv_capacity) -> np.ndarray:
+    """Evict holders in ``order`` until the rest fits: the shortest such prefix."""
+    excess = int(held_after.sum()) - kv_capacity
+    if excess <= 0:
+        return holders[:0]
+    freed = np.cumsum(held_after[order])
+    count = int(np.searchsorted(freed, excess, side="left")) + 1
+    return holders[order[:count]]
+
+
+class EvictLIFO:
+    """Evict the most recently started holders until the batch fits."""
+
+    def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
+        return _evict_in_order(np.arange(holders.size)[::-1], holders, held_after, kv_capacity)
+

@@ -1,0 +1,109 @@
+"""Build a replay from a resolved config, run it, and write its outputs.
+
+A run is a pure function of its config: the seed is split into independent
+streams for the workload, the arrival process and the engine, and everything
+a result depends on (resolved config, input files with hashes, package
+versions) is written next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from replay.engine import Engine, RunResult
+from replay.metrics import summarize
+from replay.requests import RequestError, Requests
+
+log = logging.getLogger(__name__)
+
+RECORDED_PACKAGES = ("kvsched", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf",
+                     "scipy", "highspy", "ortools", "scikit-learn", "vidur")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in RECORDED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def make_requests(workload, arrivals, seed: int, time_unit: str) -> Requests:
+    """Draw the request lengths and their arrival times from independent seeded streams."""
+    workload_seed, arrival_seed = np.random.SeedSequence([seed, 0xA7]).spawn(2)
+    workload_rng = np.random.default_rng(workload_seed)
+    arrival_rng = np.random.default_rng(arrival_seed)
+    if arrivals.sets_count:
+        times = arrivals.sample(arrival_rng, None)
+        requests = workload.sample(workload_rng, n=len(times))
+    else:
+        requests = workload.sample(workload_rng)
+        times = arrivals.sample(arrival_rng, len(requests), requests.arrival)
+    if time_unit == "rounds" and not np.all(np.mod(times, 1) == 0):
+        raise RequestError(f"{type(arrivals).__name__}: unit-time replays need arrivals on integer "
+                           f"rounds; use arrivals=all_at_once or arrivals=poisson_rounds")
+    return requests.with_arrivals(times)
+
+
+def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
+    """Instantiate every component of ``cfg`` and replay it; return result, requests, timing info."""
+    kv = instantiate(cfg.kv)
+    timing = instantiate(cfg.timing)
+    requests = make_requests(instantiate(cfg.workload), instantiate(cfg.arrivals), cfg.seed,
+                             timing.time_unit)
+    policy = instantiate(cfg.policy)
+    engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
+                    livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
+                    progress=cfg.output.progress,
+                    validate_decisions=cfg.engine.validate_decisions)
+    return engine.run(), requests, timing.describe()
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Run ``cfg`` and write ``requests.parquet``, ``iterations.parquet`` and ``summary.json``.
+
+    With ``output.skip_existing`` a directory that already holds the summary of
+    the same resolved config is not recomputed (resuming an interrupted sweep).
+    """
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    summary_path = out_dir / "summary.json"
+    if cfg.output.skip_existing and summary_path.is_file():
+        previous = json.loads(summary_path.read_text())
+        if previous.get("config") == resolved:
+            log.info("skipping %s: finished run with the same config", out_dir)
+            return previous
+    started = time.perf_counter()
+    result, requests, timing_info = build_and_run(cfg)
+    wall = time.perf_counter() - started
+    summary = summarize(result)
+    summary.update({
+        "wall_time_s": wall,
+        "time_unit": "rounds" if timing_info["backend"] == "unit" else "seconds",
+        "length_unit": requests.length_unit,
+        "timing": timing_info,
+        "workload_source": requests.source,
+        "dropped_rows": requests.dropped,
+        "input_files": list(requests.files) + list(timing_info.get("files", [])),
+        "packages": package_versions(),
+        "config": resolved,
+    })
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.output.request_table:
+        result.requests.to_parquet(out_dir / "requests.parquet", index=False)
+    if cfg.output.iteration_table:
+        result.iterations.to_parquet(out_dir / "iterations.parquet", index=False)
+    summary_path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    if result.status != "completed":
+        log.warning("run ended with status %s: %s", result.status, result.message)
+    return summary
