@@ -1,6 +1,10 @@
 """``python -m replay [overrides]``: one replay (or a Hydra multirun sweep with ``-m``).
 
 The last line printed is the run summary as one JSON object.
+
+An experiment config may set ``study`` to a callable (``_target_``) that runs
+many replays or trials itself (e.g. the competitive-ratio experiments); it is
+called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from replay.run import run
@@ -19,7 +24,11 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> dict:
-    summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.get("study") is not None:
+        summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
+    else:
+        summary = run(cfg, out_dir)
     print(json.dumps(summary, default=str), flush=True)
     return summary
 

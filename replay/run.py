@@ -57,7 +57,7 @@ def make_requests(workload, arrivals, seed: int, time_unit: str) -> Requests:
 
 
 def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
-    """Instantiate every component of ``cfg`` and replay it; return result, requests, timing info."""
+    """Instantiate every component of ``cfg`` and replay it."""
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
     requests = make_requests(instantiate(cfg.workload), instantiate(cfg.arrivals), cfg.seed,
