@@ -1,0 +1,47 @@
+"""Replay-speed benchmark: ``python -m replay.bench [--n 10000] [hydra overrides...]``.
+
+Replays ``n`` synthetic LMSYS-like requests (``workload=lmsys_synthetic``) with the
+linear backend at high and low demand for each policy, and prints simulated
+requests per wall-second. Not a test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from replay.run import build_and_run
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--policies", default="fcfs,mcsf")
+    parser.add_argument("--rates", default="50,10")
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
+    args = parser.parse_args()
+    print(f"{'policy':<12}{'rate/s':>8}{'iterations':>12}{'wall s':>9}{'req/wall-s':>12}")
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        for policy in args.policies.split(","):
+            for rate in args.rates.split(","):
+                cfg = compose(config_name="config", overrides=[
+                    "workload=lmsys_synthetic", "timing=linear", f"policy={policy}",
+                    "arrivals=poisson", f"arrivals.rate={rate}", f"workload.n={args.n}",
+                    *args.overrides])
+                best = float("inf")
+                for _ in range(args.repeat):
+                    started = time.perf_counter()
+                    result, _, _ = build_and_run(cfg)
+                    best = min(best, time.perf_counter() - started)
+                print(f"{policy:<12}{rate:>8}{len(result.iterations):>12}{best:>9.2f}"
+                      f"{args.n / best:>12.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Shared helpers: build and run small replays directly, without Hydra."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replay.engine import Engine, RunResult
+from replay.kv import explicit
+from replay.requests import Requests
+from replay.timing import UnitTiming
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("KVSCHED_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+def replay(prompt_len, output_len, policy, kv_tokens: int, arrival=None, timing=None,
+           seed: int = 0, **engine_options) -> RunResult:
+    """Run ``policy`` on the given lengths (all at time 0 unless ``arrival`` is given)."""
+    s = np.asarray(prompt_len, dtype=np.int64)
+    o = np.asarray(output_len, dtype=np.int64)
+    a = np.zeros(s.size) if arrival is None else np.asarray(arrival, dtype=float)
+    engine = Engine(Requests(s, o, arrival=a), policy, timing or UnitTiming(),
+                    explicit(kv_tokens), seed=seed, **engine_options)
+    return engine.run()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DATA_DIR / "traces").is_dir():
+        pytest.skip(f"data directory {DATA_DIR} not present (set KVSCHED_DATA_DIR)")
+    return DATA_DIR

@@ -1,0 +1,77 @@
+"""The command line: `python -m replay`, its outputs, determinism, sweeps and resuming."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+
+from tests.conftest import REPO
+
+
+def run_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "replay", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=300, check=False)
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_c3_example_prints_summary_as_last_line_and_writes_tables(tmp_path):
+    out = tmp_path / "c3"
+    proc = run_cli("experiment=c3_example", "policy=mcsf", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    summary = last_json(proc.stdout)
+    assert (summary["status"], summary["tel"], summary["n_completed"]) == ("completed", 64, 22)
+    assert summary["kv_mode"] == "explicit" and summary["kv_capacity"] == 64
+    for key in ("mean_latency", "p50_latency", "p99_latency", "mean_ttft", "makespan",
+                "throughput_tokens_per_s", "evictions", "wall_time_s", "packages", "config",
+                "input_files"):
+        assert key in summary
+    assert json.loads((out / "summary.json").read_text())["tel"] == 64
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert {"arrival", "start", "first_token", "completion", "latency", "ttft",
+            "evictions"} <= set(requests.columns)
+    iterations = pd.read_parquet(out / "iterations.parquet")
+    assert {"start_time", "duration", "batch_size", "prefill_tokens", "decode_requests",
+            "kv_after"} <= set(iterations.columns)
+
+
+def test_same_config_and_seed_give_identical_outputs(tmp_path):
+    args = ("policy=clearing", "kv.tokens=3000", "arrivals.rate=30", "workload.n=300",
+            "seed=7")
+    first, second = tmp_path / "a", tmp_path / "b"
+    for out in (first, second):
+        assert run_cli(*args, f"hydra.run.dir={out}").returncode == 0
+    for table in ("requests.parquet", "iterations.parquet"):
+        assert pd.read_parquet(first / table).equals(pd.read_parquet(second / table))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (first, second))
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert a == b
+
+
+def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
+    sweep = ("-m", "experiment=c3_example", "policy=fcfs,mcsf",
+             "workload.groups=[{count:21,prompt_len:1,output_len:2},"
+             "{count:1,prompt_len:63,output_len:1}]", f"hydra.sweep.dir={tmp_path}")
+    proc = run_cli(*sweep)
+    assert proc.returncode == 0, proc.stderr
+    summaries = sorted(tmp_path.glob("*/summary.json"))
+    tels = {p.parent.name: json.loads(p.read_text())["tel"] for p in summaries}
+    assert len(tels) == 2
+    assert {k.split("policy=")[1].split(",")[0]: v for k, v in tels.items()} == {
+        "fcfs": 45, "mcsf": 64}
+    stamps = {p: p.stat().st_mtime_ns for p in summaries}
+    again = run_cli(*sweep)
+    assert again.returncode == 0
+    assert "skipping" in again.stdout + again.stderr
+    assert {p: p.stat().st_mtime_ns for p in summaries} == stamps
+
+
+def test_unknown_option_fails_with_hydra_message():
+    proc = run_cli("policy=nope")
+    assert proc.returncode != 0
+    assert "policy/nope" in proc.stderr or "policy/nope" in proc.stdout

@@ -1,0 +1,77 @@
+"""Every config file composes (and its components instantiate); bad names fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+
+from tests.conftest import DATA_DIR, REPO
+
+CONFIGS = REPO / "configs"
+GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
+OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONFIGS / g).glob("*.yaml"))]
+#: Components that need the data directory (or a slow predictor build) to instantiate.
+NEEDS_DATA = {("timing", "vidur")}
+
+
+def compose_with(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="config",
+                       overrides=[f"data_dir={DATA_DIR}", *overrides])
+
+
+def test_there_is_something_to_check():
+    assert {"model", "hardware", "kv", "workload", "arrivals", "timing", "policy",
+            "experiment"} <= set(GROUPS)
+
+
+#: Options that need a value the user must give.
+REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"]}
+COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy")
+
+
+def instantiate_components(cfg, skip=()):
+    for key in COMPONENTS:
+        if key not in skip:
+            assert instantiate(cfg[key]) is not None, key
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_config_composes_and_instantiates(group, option):
+    cfg = compose_with(f"{group}={option}", *REQUIRED.get((group, option), []))
+    if group == "experiment":
+        if cfg.study is not None:
+            assert callable(instantiate(cfg.study, _partial_=True))
+        else:
+            instantiate_components(cfg, skip={"timing"} if cfg.timing.get("profile_dir") else ())
+    elif (group, option) in NEEDS_DATA:
+        assert "_target_" in cfg[group]
+    elif group in COMPONENTS:
+        assert instantiate(cfg[group]) is not None
+    else:
+        assert cfg[group].name == option
+
+
+def test_default_config_instantiates_every_component():
+    instantiate_components(compose_with())
+
+
+def test_unknown_group_option_names_the_group_and_choices():
+    with pytest.raises(MissingConfigException, match="policy"):
+        compose_with("policy=does_not_exist")
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigCompositionException, match="alphaa"):
+        compose_with("policy=protection", "policy.alphaa=0.3")
+
+
+def test_linear_timing_follows_model_and_hardware():
+    cfg = compose_with("model=llama2_7b", "hardware=a100x1", "timing=linear")
+    timing = instantiate(cfg.timing)
+    assert timing.source == "llama2_7b_a100x1"
+    assert Path(CONFIGS / "timing" / "linear.yaml").is_file()

@@ -1,0 +1,184 @@
+"""Hand-checked replays: every number below was worked out on paper from MODEL.md."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.fcfs import FCFSLookahead
+from policies.mcsf import MCSF
+from policies.protection import AlphaProtection
+from replay.engine import DecisionError
+from replay.overflow import ClearAll, ClearEachWithProb, EvictLIFO
+from replay.policy import Batch
+from replay.timing import LinearTiming
+from tests.conftest import replay
+
+C3_BIG_FIRST = ([63] + [1] * 21, [1] + [2] * 21)
+C3_SMALL_FIRST = ([1] * 21 + [63], [2] * 21 + [1])
+
+
+def tel(result) -> float:
+    return float(result.requests["latency"].sum())
+
+
+def test_c3_fcfs_depends_on_tie_order():
+    assert tel(replay(*C3_BIG_FIRST, FCFSLookahead(EvictLIFO()), 64)) == 64
+    assert tel(replay(*C3_SMALL_FIRST, FCFSLookahead(EvictLIFO()), 64)) == 45
+
+
+def test_c3_mcsf_starts_the_shortest_output_first():
+    # MC-SF sorts by o: the o=1 request (s=63) goes first in either order, TEL 1 + 21 * 3.
+    for order in (C3_BIG_FIRST, C3_SMALL_FIRST):
+        assert tel(replay(*order, MCSF(EvictLIFO()), 64)) == 64
+
+
+def test_model_md_completion_example():
+    # s=63, o=1 started at 0 completes at 1; s=1, o=2 arriving (and started) at 1 completes at 3.
+    req = replay([63, 1], [1, 2], FCFSLookahead(EvictLIFO()), 64, arrival=[0, 1]).requests
+    assert req["completion"].tolist() == [1, 3]
+    assert req["latency"].tolist() == [1, 2]
+
+
+def test_mcsf_and_fcfs_differ():
+    # M=6, A=(s1,o5) then B=(s2,o2) at time 0. Together they need 3+4=7 at B's completion.
+    # FCFS: A runs 0..5, B cannot join until A is done: B runs 5..7. TEL 5 + 7 = 12.
+    # MC-SF: B runs 0..2; at round 1 A fits (B holds 4 at its last round, A holds 2): A 1..6.
+    fcfs = replay([1, 2], [5, 2], FCFSLookahead(EvictLIFO()), 6).requests
+    mcsf = replay([1, 2], [5, 2], MCSF(EvictLIFO()), 6).requests
+    assert fcfs["start"].tolist() == [0, 5] and fcfs["latency"].sum() == 12
+    assert mcsf["start"].tolist() == [1, 0] and mcsf["latency"].sum() == 8
+
+
+def test_kv_timeline_of_a_single_request():
+    it = replay([3], [4], FCFSLookahead(EvictLIFO()), 7).iterations
+    assert it["kv_peak"].tolist() == [4, 5, 6, 7]
+    assert it["kv_after"].tolist() == [4, 5, 6, 0]
+    assert it["prefill_tokens"].tolist() == [3, 0, 0, 0]
+    assert it["decode_requests"].tolist() == [0, 1, 1, 1]
+
+
+def test_linear_timing_prices_the_exact_batch():
+    # Iteration 1: prefill 3 tokens -> touched 4 (3 prompt + token 1), prefill 3.
+    # Iteration 2: decode with context 4 -> touched 5.
+    timing = LinearTiming(d0=1.0, d1=0.1, d2=0.01)
+    it = replay([3], [2], FCFSLookahead(EvictLIFO()), 10, timing=timing).iterations
+    assert it["duration"].tolist() == pytest.approx([1.0 + 0.3 + 0.03, 1.0 + 0.5])
+
+
+class ChunkedFirstCome:
+    """Test policy: start one request at a time, prefilling it in chunks of ``chunk``."""
+
+    def __init__(self, chunk: int):
+        self.chunk = chunk
+        self.overflow = EvictLIFO()
+
+    def decide(self, view):
+        prefilling = [int(r) for r in view.running
+                      if view.prefilled[r] < view.prompt_len[r]]
+        start = view.waiting[:1] if view.running.size == 0 else view.waiting[:0]
+        chunks = {r: min(self.chunk, int(view.prompt_len[r] - view.prefilled[r]))
+                  for r in prefilling + [int(r) for r in start]}
+        return Batch(start=start, prefill_chunks=chunks)
+
+
+def test_chunked_prefill_emits_first_token_with_the_last_chunk():
+    # s=10 in chunks 4,4,2 then one decode: KV 4, 8, 11 (token 1), 12 (token 2, done).
+    result = replay([10], [2], ChunkedFirstCome(4), 12)
+    assert result.iterations["prefill_tokens"].tolist() == [4, 4, 2, 0]
+    assert result.iterations["kv_peak"].tolist() == [4, 8, 11, 12]
+    req = result.requests.iloc[0]
+    assert (req["first_token"], req["completion"]) == (3, 4)
+
+
+class PauseSecond:
+    """Test policy: start everything, then advance only the first running request."""
+
+    overflow = EvictLIFO()
+
+    def decide(self, view):
+        if view.waiting.size:
+            return Batch(start=view.waiting)
+        return Batch(advance=view.running[:1])
+
+
+def test_paused_requests_keep_their_kv():
+    it = replay([2, 2], [3, 2], PauseSecond(), 20).iterations
+    # Both start (KV 3+3); then only request 0 advances; request 1 holds 3 meanwhile.
+    assert it["kv_peak"].tolist()[:3] == [6, 7, 8]
+    assert it["batch_size"].tolist()[:3] == [2, 1, 1]
+
+
+def test_alpha_protection_livelocks_and_keeps_partial_metrics():
+    # M=100, eight (s=10, o=80) requests fit the admission budget (8 * 11 <= 90) but need 720
+    # at their peak: admit, overflow after two rounds, clear all, readmit... forever.
+    result = replay([10] * 8 + [1], [80] * 8 + [1], AlphaProtection(0.1, ClearAll()), 100,
+                    arrival=[0] * 8 + [0], livelock_window=500)
+    assert result.status == "livelock"
+    assert "no request completed" in result.message
+    assert result.iterations["failed"].any()
+    assert result.requests["evictions"].sum() > 0
+    # The tiny request was admitted with the first eight and finished: metrics were kept.
+    assert result.requests["completed"].sum() == 1
+
+
+def test_larger_alpha_finishes():
+    # alpha=0.8: only one (s=10) request is admitted at a time (11 <= 20 < 22), peak 90 <= 100.
+    result = replay([10] * 8, [80] * 8, AlphaProtection(0.8, ClearAll()), 100)
+    assert result.status == "completed"
+    assert result.requests["evictions"].sum() == 0
+
+
+def test_clearing_counts_evictions_and_latency_runs_from_arrival():
+    s, o = [5] * 6, [30] * 6
+    result = replay(s, o, AlphaProtection(0.5, ClearEachWithProb(0.5)), 60,
+                    arrival=[0, 0, 0, 1, 2, 3], seed=3)
+    assert result.status == "completed"
+    req, it = result.requests, result.iterations
+    assert req["evictions"].sum() == it["n_evicted"].sum() > 0
+    evicted = req[req["evictions"] > 0]
+    assert (evicted["latency"] == evicted["completion"] - evicted["arrival"]).all()
+    # A cleared request restarted: its final start is after its arrival plus the lost work.
+    assert (evicted["start"] > evicted["arrival"]).all()
+
+
+def test_clearing_is_reproducible_for_a_seed_and_varies_across_seeds():
+    s, o = [5] * 12, [30] * 12
+    runs = {seed: replay(s, o, AlphaProtection(0.5, ClearEachWithProb(0.3)), 80, seed=seed)
+            for seed in (1, 1, 2)}
+    again = replay(s, o, AlphaProtection(0.5, ClearEachWithProb(0.3)), 80, seed=1)
+    assert runs[1].requests.equals(again.requests)
+    assert not runs[1].requests.equals(runs[2].requests)
+
+
+def test_evict_lifo_evicts_most_recent_first():
+    rule = EvictLIFO()
+    holders = np.array([7, 3, 9])
+    assert rule.evict(holders, np.array([5, 5, 5]), 10, None).tolist() == [9]
+    assert rule.evict(holders, np.array([5, 5, 5]), 4, None).tolist() == [9, 3, 7]
+    assert rule.evict(holders, np.array([5, 5, 5]), 15, None).tolist() == []
+
+
+class Idle:
+    overflow = EvictLIFO()
+
+    def decide(self, view):
+        return Batch()
+
+
+def test_a_policy_that_never_schedules_ends_stalled():
+    result = replay([1, 1], [1, 1], Idle(), 10, arrival=[0, 5])
+    assert result.status == "stalled"
+    assert result.requests["completed"].sum() == 0
+
+
+class StartsRunning:
+    overflow = EvictLIFO()
+
+    def decide(self, view):
+        return Batch(start=view.running if view.running.size else view.waiting)
+
+
+def test_invalid_decisions_are_rejected_with_a_reason():
+    with pytest.raises(DecisionError, match="running"):
+        replay([1, 1], [3, 3], StartsRunning(), 10, arrival=[0, 1])
