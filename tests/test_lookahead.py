@@ -48,7 +48,8 @@ def test_admissible_prefix_equals_walk_and_stop(data):
     prompt = data.draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
     output = data.draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
     is_running = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    generated = [data.draw(st.integers(1, o)) if r else 0 for o, r in zip(output, is_running)]
+    generated = [data.draw(st.integers(1, o)) if r else 0
+                 for o, r in zip(output, is_running, strict=True)]
     running = [i for i in range(n) if is_running[i]]
     waiting = data.draw(st.permutations([i for i in range(n) if not is_running[i]]))
     view = make_view(kv, prompt, output, generated, running, waiting)
