@@ -1,0 +1,181 @@
+"""Figures shared by the experiments, each saved as PNG next to the CSV of its numbers.
+
+``python -m replay.plots kv RUN_DIR [RUN_DIR ...] --out FILE.png`` draws the KV-usage
+timeline of one or more runs (EXPERIMENTS.md A5, A7) with the capacity ``M`` marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def kv_timeline(iterations: pd.DataFrame) -> pd.DataFrame:
+    """KV held over time: one row per step with its end time, peak KV and whether it failed."""
+    return pd.DataFrame({
+        "time": iterations["start_time"] + iterations["duration"],
+        "kv_peak": iterations["kv_peak"],
+        "kv_after": iterations["kv_after"],
+        "failed": iterations["failed"],
+    })
+
+
+def plot_kv_timelines(runs: Sequence[tuple[str, pd.DataFrame, int]], out: Path,
+                      title: str = "KV cache usage") -> Path:
+    """Plot ``(label, iterations, M)`` timelines on one axis; save ``out`` (.png) and .csv."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    frames = []
+    capacities = set()
+    for label, iterations, capacity in runs:
+        timeline = kv_timeline(iterations)
+        ok = timeline[~timeline["failed"]]
+        ax.plot(ok["time"], ok["kv_peak"], lw=0.8, label=label)
+        failed = timeline[timeline["failed"]]
+        if len(failed):
+            ax.scatter(failed["time"], failed["kv_peak"], marker="x", s=12,
+                       label=f"{label}: overflow ({len(failed)})")
+        capacities.add(capacity)
+        frames.append(timeline.assign(run=label, kv_capacity=capacity))
+    for capacity in sorted(capacities):
+        ax.axhline(capacity, color="k", ls="--", lw=1, label=f"M = {capacity:,}")
+    ax.set_xlabel("time")
+    ax.set_ylabel("KV held (token slots)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+    pd.concat(frames).to_csv(out.with_suffix(".csv"), index=False)
+    return out
+
+
+def latency_of_first_n(requests: pd.DataFrame, ns: Sequence[int]) -> pd.DataFrame:
+    """Average end-to-end latency over the first ``n`` arrivals, for each ``n`` (A3).
+
+    ``n_completed`` says how many of those ``n`` finished (fewer after a livelock;
+    the average then covers only the finished ones).
+    """
+    ordered = requests.sort_values(["arrival", "request_id"], kind="stable")
+    rows = []
+    for n in ns:
+        head = ordered.iloc[:n]
+        done = head[head["completed"]]
+        rows.append({"n": n, "mean_latency": done["latency"].mean() if len(done) else np.nan,
+                     "n_completed": len(done)})
+    return pd.DataFrame(rows)
+
+
+def policy_label(policy_cfg: dict) -> str:
+    """A legend label for a resolved ``policy`` config, e.g. ``alpha/beta-clearing (0.2, 0.1)``."""
+    name = policy_cfg["_target_"].rsplit(".", 1)[-1]
+    overflow = policy_cfg.get("overflow", {}).get("_target_", "")
+    if name == "AlphaProtection":
+        if overflow.endswith("ClearEachWithProb"):
+            return f"alpha/beta-clearing ({policy_cfg['alpha']}, {policy_cfg['overflow']['beta']})"
+        return f"alpha-protection ({policy_cfg['alpha']})"
+    return {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)"}.get(name, name)
+
+
+def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[Path]:
+    """EXPERIMENTS.md A3: average latency of the first ``n`` requests vs ``n``, one figure
+    per arrival rate, one line per policy with its least-squares slope in the legend."""
+    table = []
+    for summary_path in sorted(sweep_dir.glob("*/summary.json")):
+        summary, requests, _ = load_run(summary_path.parent)
+        n_total = summary["n_requests"]
+        ns = np.linspace(n_total / points, n_total, points).round().astype(int)
+        curve = latency_of_first_n(requests, ns)
+        curve["policy"] = policy_label(summary["config"]["policy"])
+        curve["rate"] = summary["config"]["arrivals"]["rate"]
+        curve["status"] = summary["status"]
+        table.append(curve)
+    data = pd.concat(table, ignore_index=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rate, group in data.groupby("rate"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for policy, curve in group.groupby("policy", sort=False):
+            finite = curve.dropna(subset=["mean_latency"])
+            slope = np.polyfit(finite["n"], finite["mean_latency"], 1)[0] if len(finite) > 1 \
+                else np.nan
+            status = curve["status"].iloc[0]
+            suffix = "" if status == "completed" else f", {status}"
+            ax.plot(curve["n"], curve["mean_latency"], marker="o", ms=3,
+                    label=f"{policy}: slope {slope:.3g}{suffix}")
+        ax.set_xlabel("first n requests")
+        ax.set_ylabel("average end-to-end latency (s)")
+        ax.set_title(f"Average latency vs n, arrival rate {rate}/s")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out = out_dir / f"latency_vs_n_rate{rate:g}.png"
+        fig.savefig(out, dpi=150)
+        plt.close(fig)
+        group.to_csv(out.with_suffix(".csv"), index=False)
+        written.append(out)
+    return written
+
+
+def plot_kv_of_sweep(sweep_dir: Path, out_dir: Path, policy: str = "MC-SF") -> list[Path]:
+    """EXPERIMENTS.md A5: KV usage over time of ``policy`` at every arrival rate of a sweep."""
+    runs = []
+    for summary_path in sorted(sweep_dir.glob("*/summary.json")):
+        summary, _, iterations = load_run(summary_path.parent)
+        if policy_label(summary["config"]["policy"]) == policy:
+            rate = summary["config"]["arrivals"]["rate"]
+            runs.append((f"{policy}, rate {rate}/s", iterations, summary["kv_capacity"]))
+    return [plot_kv_timelines(runs, out_dir / "kv_timeline.png", f"KV usage of {policy}")]
+
+
+def plot_metric_bars(sweep_dir: Path, out_dir: Path, metric: str = "tel") -> list[Path]:
+    """One bar per run of a sweep (labelled by its overrides) showing ``metric``."""
+    rows = [{"run": p.parent.name, metric: json.loads(p.read_text())[metric]}
+            for p in sorted(sweep_dir.glob("*/summary.json"))]
+    table = pd.DataFrame(rows)
+    fig, ax = plt.subplots(figsize=(12, 1 + 0.4 * len(table)))
+    ax.barh(table["run"], table[metric])
+    ax.tick_params(axis="y", labelsize=6)
+    for y, value in enumerate(table[metric]):
+        ax.text(value, y, f" {value:g}", va="center")
+    ax.set_xlabel(metric)
+    fig.tight_layout()
+    out = out_dir / f"{metric}.png"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    return [out]
+
+
+def load_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return (summary, pd.read_parquet(run_dir / "requests.parquet"),
+            pd.read_parquet(run_dir / "iterations.parquet"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Plot run outputs.")
+    sub = parser.add_subparsers(dest="figure", required=True)
+    kv = sub.add_parser("kv", help="KV usage over time with M marked")
+    kv.add_argument("runs", nargs="+", type=Path, help="run directories")
+    kv.add_argument("--out", type=Path, default=Path("kv_timeline.png"))
+    args = parser.parse_args()
+    runs = []
+    for run_dir in args.runs:
+        summary, _, iterations = load_run(run_dir)
+        label = f"{run_dir.name} ({summary['status']})"
+        runs.append((label, iterations, summary["kv_capacity"]))
+    print(plot_kv_timelines(runs, args.out))
+
+
+if __name__ == "__main__":
+    main()

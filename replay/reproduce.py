@@ -1,0 +1,94 @@
+"""Reproduce the papers' figures: ``python -m replay.reproduce TARGET... [--quick] [--force]``.
+
+Each target runs its experiment config through ``python -m replay`` (a Hydra multirun
+where it sweeps), then draws its figures (PNG plus the CSV of the numbers behind
+them) into ``outputs/reproduce/<target>/``. A target whose outputs are newer than
+every config file is skipped (make-like); inside a target, finished runs are
+reused by the runs' own resume check, so an interrupted target continues where
+it stopped. ``--quick`` runs a scaled-down version (seconds) into
+``outputs/reproduce/<target>-quick/``; ``all`` runs every target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from replay.plots import plot_kv_of_sweep, plot_latency_vs_n, plot_metric_bars
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+
+
+@dataclass(frozen=True)
+class Target:
+    description: str
+    overrides: tuple[str, ...]
+    quick: tuple[str, ...] = ()
+    multirun: bool = True
+    figures: tuple[Callable[[Path, Path], list[Path]], ...] = ()
+
+
+TARGETS: dict[str, Target] = {
+    "c3": Target(
+        "C3 worked example: TEL of FCFS (both tie orders) and MC-SF, unit time, M = 64",
+        ("experiment=c3_example", "policy=fcfs,mcsf",
+         "workload.groups=[{count:1,prompt_len:63,output_len:1},"
+         "{count:21,prompt_len:1,output_len:2}],[{count:21,prompt_len:1,output_len:2},"
+         "{count:1,prompt_len:63,output_len:1}]"),
+        figures=(plot_metric_bars,)),
+    "a3_small": Target(
+        "A3 (scaled down) + A5: latency vs n for the seven policy settings, KV of MC-SF",
+        ("experiment=a3_small",), quick=("workload.n=120", "kv.tokens=1500"),
+        figures=(plot_latency_vs_n, plot_kv_of_sweep)),
+}
+
+
+def newest_config_mtime() -> float:
+    return max(p.stat().st_mtime for p in CONFIGS.rglob("*.yaml"))
+
+
+def run_target(name: str, quick: bool = False, force: bool = False,
+               outputs_root: Path = REPO / "outputs" / "reproduce") -> list[Path]:
+    target = TARGETS[name]
+    out_dir = outputs_root / (f"{name}-quick" if quick else name)
+    stamp = out_dir / "outputs.txt"
+    if not force and stamp.is_file() and stamp.stat().st_mtime > newest_config_mtime():
+        outputs = [Path(line) for line in stamp.read_text().split()]
+        if all(p.is_file() for p in outputs):
+            print(f"{name}: up to date ({stamp})")
+            return outputs
+    runs_dir = out_dir / "runs"
+    overrides = [*target.overrides, *(target.quick if quick else ())]
+    if target.multirun:
+        command = ["-m", *overrides, f"hydra.sweep.dir={runs_dir}"]
+    else:
+        command = [*overrides, f"hydra.run.dir={runs_dir}"]
+    print(f"{name}: {target.description}\n  python -m replay {' '.join(command)}", flush=True)
+    subprocess.run([sys.executable, "-m", "replay", *command], cwd=REPO, check=True)
+    outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
+    stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
+    for path in outputs:
+        print(f"  wrote {path} (+ .csv)")
+    return outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="+", choices=[*TARGETS, "all"])
+    parser.add_argument("--quick", action="store_true", help="scaled-down version")
+    parser.add_argument("--force", action="store_true", help="redraw even if up to date")
+    parser.add_argument("--outputs", type=Path, default=REPO / "outputs" / "reproduce",
+                        help="where target folders go")
+    args = parser.parse_args()
+    names = list(TARGETS) if "all" in args.targets else args.targets
+    for name in names:
+        run_target(name, args.quick, args.force, args.outputs)
+
+
+if __name__ == "__main__":
+    main()

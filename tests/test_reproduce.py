@@ -1,0 +1,50 @@
+"""Tiny-sized runs of every reproduction target, and the make-like skip."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from replay.reproduce import TARGETS, run_target
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """Run each quick target once per module: ``quick(name) -> (outputs, root)``."""
+    root = tmp_path_factory.mktemp("reproduce")
+    done: dict[str, list] = {}
+
+    def get(name: str):
+        if name not in done:
+            done[name] = run_target(name, quick=True, outputs_root=root)
+        return done[name], root
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_quick_target_writes_figures_and_is_then_up_to_date(name, quick):
+    outputs, root = quick(name)
+    assert outputs
+    for png in outputs:
+        assert png.stat().st_size > 1000
+        assert not pd.read_csv(png.with_suffix(".csv")).empty
+    stamp = {p: p.stat().st_mtime_ns for p in outputs}
+    assert run_target(name, quick=True, outputs_root=root) == outputs
+    assert {p: p.stat().st_mtime_ns for p in outputs} == stamp
+
+
+def test_c3_target_reproduces_the_worked_example(quick):
+    (png,), _ = quick("c3")
+    tel = pd.read_csv(png.with_suffix(".csv"))["tel"].tolist()
+    assert sorted(tel) == [45, 64, 64, 64]
+
+
+def test_a3_small_puts_mcsf_first_under_memory_pressure(quick):
+    outputs, _ = quick("a3_small")
+    curves = pd.read_csv(next(p for p in outputs if "rate50" in p.name).with_suffix(".csv"))
+    final = curves[curves["n"] == curves["n"].max()].set_index("policy")
+    assert len(final) == 8  # MC-SF, FCFS, two alpha-protection, four alpha/beta-clearing
+    completed = final[final["status"] == "completed"]
+    assert completed["mean_latency"].idxmin() == "MC-SF"
+    unfinished = final[final["status"] != "completed"]
+    assert (unfinished["n_completed"] < unfinished["n"]).all()
