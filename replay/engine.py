@@ -238,7 +238,10 @@ class Engine:
             shape = BatchShape(new_tokens=np.where(is_prefill, chunk, 1), context=held_before,
                                is_prefill=is_prefill)
             duration = float(self.timing.duration(shape))
-            kv_peak = self.kv_held + int(gain.sum())
+            gain_total = int(gain.sum())
+            prefill_total = int(prefill_tokens.sum())
+            n_decode = members.size - int(is_prefill.sum())
+            kv_peak = self.kv_held + gain_total
             if block > 1 or kv_peak > capacity:
                 holders = np.concatenate((self.running, start)) if start.size else self.running
                 scratch = self._gain_scratch
@@ -256,8 +259,8 @@ class Engine:
                     raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
                                         f"a request that holds no KV in this batch")
                 n_evicted += self._evict(victims)
-                self._record(rows, now, duration, members.size, start.size, prefill_tokens,
-                             is_prefill, kv_peak, 0, n_evicted, True)
+                self._record(rows, now, duration, members.size, start.size, prefill_total,
+                             n_decode, kv_peak, 0, n_evicted, True)
                 now += duration
                 idle_steps += 1
                 continue
@@ -272,7 +275,7 @@ class Engine:
             self.prefilled[members] += prefill_tokens
             self.generated[members] += emits
             self.held[members] += gain
-            self.kv_held += int(gain.sum())
+            self.kv_held += gain_total
             self.first_token_time[members[is_prefill & emits]] = end
             finished = members[self.generated[members] == output_len[members]]
             if finished.size:
@@ -286,22 +289,22 @@ class Engine:
                 bar.update(int(finished.size))
             else:
                 idle_steps += 1
-            self._record(rows, now, duration, members.size, start.size, prefill_tokens,
-                         is_prefill, kv_peak, finished.size, n_evicted, False)
+            self._record(rows, now, duration, members.size, start.size, prefill_total,
+                         n_decode, kv_peak, finished.size, n_evicted, False)
             now = end
             iteration += 1
         bar.close()
         return RunResult(status, message, self._request_table(),
                          pd.DataFrame(rows), self.kv, self.livelock_window)
 
-    def _record(self, rows, now, duration, batch_size, n_started, prefill_tokens, is_prefill,
+    def _record(self, rows, now, duration, batch_size, n_started, prefill_tokens, n_decode,
                 kv_peak, n_completed, n_evicted, failed) -> None:
         rows["start_time"].append(now)
         rows["duration"].append(duration)
         rows["batch_size"].append(int(batch_size))
         rows["n_started"].append(int(n_started))
-        rows["prefill_tokens"].append(int(prefill_tokens.sum()))
-        rows["decode_requests"].append(int((~is_prefill).sum()))
+        rows["prefill_tokens"].append(prefill_tokens)
+        rows["decode_requests"].append(n_decode)
         rows["kv_peak"].append(int(kv_peak))
         rows["kv_after"].append(int(self.kv_held))
         rows["n_completed"].append(int(n_completed))
