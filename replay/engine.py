@@ -180,7 +180,8 @@ class Engine:
             predicted_lo=_frozen(self.predicted_lo), predicted_hi=_frozen(self.predicted_hi),
             type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
             generated=_frozen(self.generated), held=_frozen(self.held),
-            start_iteration=_frozen(self.start_iteration), rng=self.policy_rng)
+            start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
+            kv_block_size=block)
         rows: dict[str, list] = {k: [] for k in (
             "start_time", "duration", "batch_size", "n_started", "prefill_tokens",
             "decode_requests", "kv_peak", "kv_after", "n_completed", "n_evicted", "failed")}

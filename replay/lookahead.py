@@ -11,6 +11,12 @@ iteration), request ``j`` holds ``base_j + c`` while ``c <= remaining_j``:
 needs. Sorting by ``remaining`` descending, the KV at checkpoint
 ``remaining[k]`` is ``cumsum(base)[k] + (k + 1) * remaining[k]`` (entries tied
 with ``k`` only add to it), so the whole check is one sort and one cumsum.
+
+With paged memory (``block_size > 1``) a request holding ``h`` slots occupies
+``ceil(h / block_size)`` whole blocks. Footprints still only grow between
+completions, so the checkpoints are the same, but the sum no longer telescopes:
+the check evaluates every checkpoint explicitly (``O(n * checkpoints)``, only in
+that mode).
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import numpy as np
 from replay.policy import PolicyView
 
 
-def peak_kv(base: np.ndarray, remaining: np.ndarray) -> int:
+def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int:
     """Largest KV held at any future completion iteration by requests ``(base, remaining)``."""
     if base.size == 0:
         return 0
+    if block_size > 1:
+        checkpoints = np.unique(remaining)[:, None]
+        held = base[None, :] + checkpoints
+        blocks = -(-held // block_size) * block_size
+        return int(np.where(remaining[None, :] >= checkpoints, blocks, 0).sum(axis=1).max())
     order = np.argsort(-remaining, kind="stable")
     return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
 
@@ -68,7 +79,7 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     def fits(k: int) -> bool:
         base = np.concatenate((run_base, cand_base[:k]))
         rem = np.concatenate((run_rem, cand_rem[:k]))
-        return peak_kv(base, rem) <= budget
+        return peak_kv(base, rem, view.kv_block_size) <= budget
 
     if fits(upper):
         return upper

@@ -53,7 +53,8 @@ class PolicyView:
     The true output lengths are deliberately not part of the view.
     ``held`` is the KV slots each request holds now (prompt tokens prefilled +
     tokens generated). ``start_iteration`` is the executed-iteration index at
-    which a running request (last) started.
+    which a running request (last) started. ``kv_block_size`` is the paging
+    granularity the engine counts KV in (1 = token-exact).
     """
 
     kv_capacity: int
@@ -68,6 +69,7 @@ class PolicyView:
     held: np.ndarray
     start_iteration: np.ndarray
     rng: np.random.Generator
+    kv_block_size: int = 1
     now: float = 0.0
     iteration: int = 0
     kv_held: int = 0

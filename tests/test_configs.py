@@ -32,6 +32,8 @@ def test_there_is_something_to_check():
 #: Options that need a value the user must give.
 REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"]}
 COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy")
+#: Groups whose options are `# @package _global_` setups rather than one config node.
+GLOBAL_GROUPS = {"experiment", "paper_policy"}
 
 
 def instantiate_components(cfg, skip=()):
@@ -43,7 +45,7 @@ def instantiate_components(cfg, skip=()):
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_config_composes_and_instantiates(group, option):
     cfg = compose_with(f"{group}={option}", *REQUIRED.get((group, option), []))
-    if group == "experiment":
+    if group in GLOBAL_GROUPS:
         if cfg.study is not None:
             assert callable(instantiate(cfg.study, _partial_=True))
         else:

@@ -182,3 +182,27 @@ class StartsRunning:
 def test_invalid_decisions_are_rejected_with_a_reason():
     with pytest.raises(DecisionError, match="running"):
         replay([1, 1], [3, 3], StartsRunning(), 10, arrival=[0, 1])
+
+
+def test_block_size_counts_whole_blocks():
+    from replay.engine import Engine
+    from replay.kv import explicit
+    from replay.requests import Requests
+    from replay.timing import UnitTiming
+
+    # Blocks of 4: a request holding 4 slots needs 1 block, at 5 slots 2 blocks (8 slots).
+    requests = Requests(np.array([3]), np.array([3]), arrival=np.zeros(1))
+    result = Engine(requests, FCFSLookahead(EvictLIFO()), UnitTiming(),
+                    explicit(8, block_size=4)).run()
+    assert result.iterations["kv_peak"].tolist() == [4, 8, 8]
+    # Two such requests run together token-exactly (2 * 6 = 12 <= 12) but not in blocks of 4
+    # (2 * 8 = 16 > 12). The block-aware lookahead starts the second at round 2, when the
+    # first needs 2 blocks at its last step and the newcomer 1 (12 slots), then 2 (8 slots).
+    pair = Requests(np.array([3, 3]), np.array([3, 3]), arrival=np.zeros(2))
+    token_exact = Engine(pair, FCFSLookahead(EvictLIFO()), UnitTiming(), explicit(12)).run()
+    assert token_exact.requests["start"].tolist() == [0, 0]
+    blocked = Engine(pair, FCFSLookahead(EvictLIFO()), UnitTiming(),
+                     explicit(12, block_size=4)).run()
+    assert blocked.status == "completed"
+    assert not blocked.iterations["failed"].any()
+    assert blocked.requests["start"].tolist() == [0, 2]

@@ -9,22 +9,22 @@ from hypothesis import strategies as st
 from replay.lookahead import admissible_prefix, peak_kv
 from replay.policy import PolicyView
 
-
-def brute_peak(base, remaining) -> int:
-    horizon = int(remaining.max(initial=0))
-    return max((int(((base + k) * (remaining >= k)).sum()) for k in range(1, horizon + 1)),
-               default=0)
-
-
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=0, max_size=30)
 
 
+def brute_peak(base, remaining, block_size=1) -> int:
+    horizon = int(remaining.max(initial=0))
+    blocks = [-(-(base + k) // block_size) * block_size for k in range(1, horizon + 1)]
+    return max((int((b * (remaining >= k)).sum()) for k, b in enumerate(blocks, start=1)),
+               default=0)
+
+
 @settings(max_examples=300, deadline=None)
-@given(pairs=lengths)
-def test_peak_equals_round_by_round_maximum(pairs):
+@given(pairs=lengths, block_size=st.sampled_from([1, 1, 4, 16]))
+def test_peak_equals_round_by_round_maximum(pairs, block_size):
     base = np.array([b for b, _ in pairs], dtype=np.int64)
     remaining = np.array([r for _, r in pairs], dtype=np.int64)
-    assert peak_kv(base, remaining) == brute_peak(base, remaining)
+    assert peak_kv(base, remaining, block_size) == brute_peak(base, remaining, block_size)
 
 
 def make_view(kv, prompt, output, generated, running, waiting) -> PolicyView:
