@@ -30,8 +30,11 @@ def kv_timeline(iterations: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_kv_timelines(runs: Sequence[tuple[str, pd.DataFrame, int]], out: Path,
-                      title: str = "KV cache usage") -> Path:
-    """Plot ``(label, iterations, M)`` timelines on one axis; save ``out`` (.png) and .csv."""
+                      title: str = "KV cache usage", until: float | None = None) -> Path:
+    """Plot ``(label, iterations, M)`` timelines on one axis; save ``out`` (.png) and .csv.
+
+    ``until`` limits the time axis (the CSV keeps every step).
+    """
     fig, ax = plt.subplots(figsize=(8, 4))
     frames = []
     capacities = set()
@@ -47,6 +50,8 @@ def plot_kv_timelines(runs: Sequence[tuple[str, pd.DataFrame, int]], out: Path,
         frames.append(timeline.assign(run=label, kv_capacity=capacity))
     for capacity in sorted(capacities):
         ax.axhline(capacity, color="k", ls="--", lw=1, label=f"M = {capacity:,}")
+    if until is not None:
+        ax.set_xlim(0, until)
     ax.set_xlabel("time")
     ax.set_ylabel("KV held (token slots)")
     ax.set_title(title)

@@ -20,6 +20,11 @@ from pathlib import Path
 
 from replay.plots import plot_kv_of_sweep, plot_latency_vs_n, plot_metric_bars
 
+
+def study_figures(run_dir: Path, out_dir: Path) -> list[Path]:
+    """A study draws its own figures into its run directory; these are its outputs."""
+    return sorted(run_dir.glob("*.png"))
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 
@@ -45,6 +50,12 @@ TARGETS: dict[str, Target] = {
         "A3 (scaled down) + A5: latency vs n for the seven policy settings, KV of MC-SF",
         ("experiment=a3_small",), quick=("workload.n=120", "kv.tokens=1500"),
         figures=(plot_latency_vs_n, plot_kv_of_sweep)),
+    "a7_small": Target(
+        "A7 (scaled down): alpha-protection's endless cycle at alpha = 0.15, smallest alpha "
+        "that finishes per demand level",
+        ("experiment=a7_small",), quick=("workload.n=120", "kv.tokens=1500",
+                                         "study.alpha_step=0.1"),
+        multirun=False, figures=(study_figures,)),
 }
 
 
