@@ -14,7 +14,8 @@ the batch and the waiting queue, never over the whole trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,7 @@ class RunResult:
     ``livelock_window`` steps while work remained), ``"stalled"`` (the policy
     scheduled nothing although work remained and no arrival was left) or
     ``"step_limit"``. Tables hold the metrics up to the end of the run.
+    ``decision_time_s`` is the wall time spent inside the policy's ``decide``.
     """
 
     status: str
@@ -49,7 +51,7 @@ class RunResult:
     iterations: pd.DataFrame
     kv: KVCapacity
     livelock_window: int
-    extra: dict = field(default_factory=dict)
+    decision_time_s: float
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -186,6 +188,7 @@ class Engine:
             "start_time", "duration", "batch_size", "n_started", "prefill_tokens",
             "decode_requests", "kv_peak", "kv_after", "n_completed", "n_evicted", "failed")}
         now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
+        decision_time = 0.0
         status, message = "completed", ""
         bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
 
@@ -211,7 +214,9 @@ class Engine:
             view.now, view.iteration, view.kv_held = now, iteration, self.kv_held
             view.waiting, view.running = _frozen(self.waiting), _frozen(self.running)
             view.next_arrival = float(next_arrival)
+            decide_started = time.perf_counter()
             batch = self.policy.decide(view)
+            decision_time += time.perf_counter() - decide_started
 
             n_evicted = 0
             if batch.preempt is not None and len(batch.preempt):
@@ -295,8 +300,8 @@ class Engine:
             now = end
             iteration += 1
         bar.close()
-        return RunResult(status, message, self._request_table(),
-                         pd.DataFrame(rows), self.kv, self.livelock_window)
+        return RunResult(status, message, self._request_table(), pd.DataFrame(rows), self.kv,
+                         self.livelock_window, decision_time)
 
     def _record(self, rows, now, duration, batch_size, n_started, prefill_tokens, n_decode,
                 kv_peak, n_completed, n_evicted, failed) -> None:

@@ -47,4 +47,5 @@ def summarize(result: RunResult) -> dict:
         "kv_mode": result.kv.mode,
         "kv": result.kv.describe(),
         "livelock_window": result.livelock_window,
+        "decision_time_s": result.decision_time_s,
     }

@@ -14,7 +14,9 @@ def replay_a3_small(*overrides: str) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["experiment=a3_small", *overrides])
     result, _, _ = build_and_run(cfg)
-    return summarize(result)
+    summary = summarize(result)
+    assert summary.pop("decision_time_s") > 0
+    return summary
 
 
 def test_small_alpha_livelocks_with_partial_metrics_and_larger_alpha_finishes():
