@@ -2,7 +2,8 @@
 
 Replays ``n`` synthetic LMSYS-like requests (``workload=lmsys_synthetic``) with the
 linear backend at high and low demand for each policy, and prints simulated
-requests per wall-second. Not a test: numbers depend on the machine.
+requests per wall-second and the policy's own decision time per scheduling step.
+Not a test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
-    print(f"{'policy':<12}{'rate/s':>8}{'iterations':>12}{'wall s':>9}{'req/wall-s':>12}")
+    print(f"{'policy':<12}{'rate/s':>8}{'iterations':>12}{'wall s':>9}{'req/wall-s':>12}"
+          f"{'decide us/step':>16}")
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         for policy in args.policies.split(","):
             for rate in args.rates.split(","):
@@ -39,8 +41,9 @@ def main() -> None:
                     started = time.perf_counter()
                     result, _, _ = build_and_run(cfg)
                     best = min(best, time.perf_counter() - started)
-                print(f"{policy:<12}{rate:>8}{len(result.iterations):>12}{best:>9.2f}"
-                      f"{args.n / best:>12.0f}")
+                steps = len(result.iterations)
+                print(f"{policy:<12}{rate:>8}{steps:>12}{best:>9.2f}{args.n / best:>12.0f}"
+                      f"{1e6 * result.decision_time_s / steps:>16.1f}")
 
 
 if __name__ == "__main__":
