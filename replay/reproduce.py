@@ -56,6 +56,16 @@ TARGETS: dict[str, Target] = {
         ("experiment=a7_small",), quick=("workload.n=120", "kv.tokens=1500",
                                          "study.alpha_step=0.1"),
         multirun=False, figures=(study_figures,)),
+    **{name: Target(
+        f"{label}: MC-SF and FCFS against the hindsight optimum, 200 seeded trials "
+        f"(histograms of TEL/OPT over proven trials and TEL/lower bound over all)",
+        (f"experiment={experiment}",), quick=("study.quick=true",), multirun=False,
+        figures=(study_figures,))
+       for name, label, experiment in (
+           ("a1s", "A1s (offline, n ~ U{5..12})", "mcsf_vs_opt_offline_small"),
+           ("a2s", "A2s (online, T ~ U{5..12})", "mcsf_vs_opt_online_small"),
+           ("a1", "A1 (offline, n ~ U{40..60})", "mcsf_vs_opt_offline"),
+           ("a2", "A2 (online, T ~ U{40..60})", "mcsf_vs_opt_online"))},
 }
 
 

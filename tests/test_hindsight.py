@@ -1,0 +1,211 @@
+"""The hindsight integer program (POLICIES.md §11) against exhaustive enumeration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from policies.hindsight import (
+    Instance,
+    exhaustive_optimum,
+    is_feasible,
+    kv_profile,
+    latest_starts,
+    lp_bound,
+    solve,
+    symmetry_groups,
+    tel,
+    time_indexed,
+)
+from policies.mcsf import MCSF
+from replay.engine import Engine
+from replay.kv import explicit
+from replay.overflow import EvictLIFO
+from replay.policy import Batch
+from replay.requests import Requests
+from replay.timing.simple import UnitTiming
+
+
+def tiny_instances(count: int, seed: int = 7):
+    """Random tiny instances; every other one has staggered arrivals."""
+    rng = np.random.default_rng(seed)
+    for k in range(count):
+        n = int(rng.integers(1, 5))
+        kv = int(rng.integers(4, 9))
+        s = rng.integers(1, 3, size=n)
+        o = np.array([rng.integers(1, min(3, kv - si) + 1) for si in s])
+        a = rng.integers(0, 3, size=n) if k % 2 else np.zeros(n, dtype=int)
+        yield Instance(s, o, a, kv)
+
+
+def mcsf_starts(inst: Instance) -> tuple[np.ndarray, float]:
+    requests = Requests(inst.prompt_len, inst.output_len, arrival=inst.arrival.astype(float))
+    result = Engine(requests, MCSF(EvictLIFO()), UnitTiming(), explicit(inst.kv_capacity)).run()
+    return result.requests["start"].to_numpy().astype(int), result.requests["latency"].sum()
+
+
+def test_model_conventions_by_hand():
+    # MODEL.md: s=1, o=2 started at round 1 holds 2 after round 1, 3 after round 2,
+    # completes at 3; latency 3 - a.
+    inst = Instance([1, 63], [2, 1], [1, 0], 64)
+    assert kv_profile(inst, [1, 0]).tolist() == [64, 2, 3]
+    assert tel(inst, [1, 0]) == (1 + 2 - 1) + (0 + 1 - 0)
+    assert is_feasible(inst, [1, 0])
+    assert not is_feasible(inst, [0, 0])  # 63+1 + 1+1 > 64
+    assert not is_feasible(inst, [0, 1])  # request 0 starts before it arrives
+
+
+def test_c3_example_optimum():
+    # EXPERIMENTS.md C3: one (63, 1) and 21 (1, 2) at time 0, M = 64. Short ones first in
+    # batches of 21 (peak 21*3 = 63) then the long one alone: 21*2 + 3 = 45.
+    inst = Instance([63] + [1] * 21, [1] + [2] * 21, [0] * 22, 64)
+    starts, engine_tel = mcsf_starts(inst)
+    result = solve(inst, starts, time_limit_s=30)
+    assert result.status == "optimal"
+    assert result.objective == 45 == tel(inst, result.starts)
+    assert engine_tel == 64
+    assert lp_bound(inst, engine_tel).bound <= 45
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "cpsat_cumulative"])
+def test_optimum_matches_exhaustive_enumeration(solver):
+    for inst in tiny_instances(40):
+        starts, engine_tel = mcsf_starts(inst)
+        assert tel(inst, starts) == engine_tel and is_feasible(inst, starts)
+        best, best_starts = exhaustive_optimum(inst)
+        assert is_feasible(inst, best_starts)
+        result = solve(inst, starts, solver=solver, time_limit_s=20)
+        assert result.status == "optimal", result
+        assert result.objective == best == result.bound
+        assert is_feasible(inst, result.starts) and tel(inst, result.starts) == best
+
+
+def test_highs_matches_exhaustive_in_its_own_process():
+    # highspy and ortools cannot be loaded into one process (their HiGHS builds clash).
+    code = (
+        "from tests.test_hindsight import tiny_instances, mcsf_starts\n"
+        "from policies.hindsight import solve, exhaustive_optimum\n"
+        "for inst in tiny_instances(20):\n"
+        "    r = solve(inst, mcsf_starts(inst)[0], solver='highs', time_limit_s=20)\n"
+        "    assert r.status == 'optimal' and r.objective == exhaustive_optimum(inst)[0], r\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_lp_bound_never_exceeds_optimum():
+    gaps = []
+    for inst in tiny_instances(40, seed=11):
+        starts, engine_tel = mcsf_starts(inst)
+        best = exhaustive_optimum(inst)[0]
+        for upper in (None, engine_tel):
+            lp = lp_bound(inst, upper)
+            assert lp.status == "optimal" and lp.bound <= best
+        gaps.append(best - lp.bound)
+    assert max(gaps) > 0  # the relaxation is not trivially tight on these instances
+
+
+def full_horizon_lp(inst: Instance) -> float:
+    model = time_indexed(inst, latest_starts(inst))
+    result = linprog(model.start.astype(float), A_ub=model.memory,
+                     b_ub=np.full(model.n_rounds, inst.kv_capacity), A_eq=model.assign,
+                     b_eq=np.ones(len(inst)), bounds=(0, 1), method="highs")
+    return result.fun + inst.output_len.sum() - inst.arrival.sum()
+
+
+def test_column_generation_reaches_the_full_horizon_lp():
+    rng = np.random.default_rng(5)
+    for k in range(12):
+        n, kv = int(rng.integers(3, 9)), int(rng.integers(10, 25))
+        s = rng.integers(1, 4, size=n)
+        o = np.array([rng.integers(1, kv - si + 1) for si in s])
+        a = rng.integers(0, 6, size=n) if k % 2 else np.zeros(n, dtype=int)
+        inst = Instance(s, o, a, kv)
+        lp = lp_bound(inst)
+        assert lp.status == "optimal"
+        assert lp.value == pytest.approx(full_horizon_lp(inst), abs=1e-6)
+        assert lp.bound == np.ceil(lp.value - 1e-6)
+        assert np.all(lp.mean_start >= inst.arrival - 1e-9)
+
+
+def test_lp_time_out_is_reported_not_called_optimal():
+    rng = np.random.default_rng(3)
+    s = rng.integers(1, 6, size=40)
+    o = np.array([rng.integers(1, 40 - si + 1) for si in s])
+    lp = lp_bound(Instance(s, o, np.zeros(40, dtype=int), 40), time_limit_s=1e-3)
+    assert lp.status == "time_limit" and lp.value is None
+
+
+def test_latest_starts_uses_the_smaller_bound():
+    inst = Instance([1, 1, 1], [2, 3, 4], [0, 1, 5], 10)
+    # Non-idling: max a + sum o - o_i = 5 + 9 - o.
+    assert latest_starts(inst).tolist() == [12, 11, 10]
+    # From a TEL upper bound UB: a_i + UB - sum o. UB = 12 gives a + 3.
+    assert latest_starts(inst, 12).tolist() == [3, 4, 8]
+    with pytest.raises(ValueError, match="not a feasible TEL"):
+        latest_starts(inst, 8)
+
+
+def test_solver_never_returns_worse_than_hint_and_reports_limit():
+    rng = np.random.default_rng(3)
+    s = rng.integers(1, 6, size=30)
+    o = np.array([rng.integers(1, 40 - si + 1) for si in s])
+    inst = Instance(s, o, np.zeros(30, dtype=int), 40)
+    starts, engine_tel = mcsf_starts(inst)
+    result = solve(inst, starts, time_limit_s=0.5)
+    assert result.status in ("optimal", "time_limit")
+    assert result.objective <= engine_tel
+    assert result.bound is None or result.bound <= result.objective
+    if result.status == "time_limit" and result.bound is not None:
+        assert result.gap == pytest.approx((result.objective - result.bound) / result.objective)
+
+
+def test_symmetry_groups_and_bad_input():
+    inst = Instance([1, 2, 1, 1], [3, 3, 3, 2], [0, 0, 0, 0], 10)
+    assert [g.tolist() for g in symmetry_groups(inst)] == [[0, 2]]
+    with pytest.raises(ValueError, match="request 0 needs s \\+ o = 11 > M = 10"):
+        Instance([5], [6], [0], 10)
+    with pytest.raises(ValueError, match="violates the memory limit"):
+        solve(Instance([3, 3], [3, 3], [0, 0], 10), [0, 0])
+    with pytest.raises(ValueError, match="unknown solver 'gurobi'"):
+        solve(Instance([1], [1], [0], 10), [0], solver="gurobi")
+
+
+class FixedStarts:
+    """Starts each request at a given round (engine ids); replays a solver's schedule."""
+
+    def __init__(self, starts_by_engine_id: np.ndarray) -> None:
+        self.starts = starts_by_engine_id
+        self.overflow = EvictLIFO()
+
+    def decide(self, view):
+        waiting = view.waiting
+        return Batch(start=waiting[self.starts[waiting] <= view.now])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_engine_replays_the_optimal_schedule_with_its_tel(seed):
+    # The program's schedule is feasible in the engine's physics and has the TEL it claims.
+    rng = np.random.default_rng(seed)
+    for k in range(6):
+        n, kv = int(rng.integers(4, 9)), int(rng.integers(12, 25))
+        s = rng.integers(1, 4, size=n)
+        o = np.array([rng.integers(1, kv - si + 1) for si in s])
+        a = rng.integers(0, 4, size=n) if k % 2 else np.zeros(n, dtype=int)
+        inst = Instance(s, o, a, kv)
+        hint, _ = mcsf_starts(inst)
+        result = solve(inst, hint, solver="cpsat_cumulative", time_limit_s=20)
+        requests = Requests(s, o, arrival=a.astype(float))
+        order = np.lexsort((np.arange(n), a))
+        replay = Engine(requests, FixedStarts(result.starts[order]), UnitTiming(),
+                        explicit(kv)).run()
+        assert replay.status == "completed"
+        assert replay.requests["evictions"].sum() == 0
+        assert replay.requests["start"].tolist() == result.starts.tolist()
+        assert replay.requests["latency"].sum() == result.objective
