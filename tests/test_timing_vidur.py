@@ -1,0 +1,326 @@
+"""The vidur timing backend: offline build, lookup tables vs Vidur, ranges, 7B attention, CLIs."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from replay.data import MissingDataError
+from replay.timing import LinearTiming, attention_7b, profiles_fetch
+from replay.timing.base import BatchShape, TimingBackend
+from replay.timing.fit_linear import batch_mix, fit
+from replay.timing.shapes import compose_timing, shape_table, standard_shapes
+from replay.timing.vidur import VidurRangeError, VidurTiming
+from replay.timing.vidur_build import vidur_batch
+from tests.conftest import DATA_DIR
+from traces.fetch import fetch
+
+PROFILES = DATA_DIR / "vidur" / "profiling"
+ATTENTION_70B = PROFILES / "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv"
+needs_profiles = pytest.mark.skipif(not ATTENTION_70B.is_file(),
+                                    reason=f"Vidur profiles not in {PROFILES}")
+# A grid that trains in seconds; the tables must match whatever Vidur trained.
+CHEAP = ["timing.random_forest_grid={num_estimators:[8],max_depth:[8],min_samples_split:[2]}",
+         "timing.k_fold_cv_splits=2"]
+CHEAP_LINEAR = ["timing.predictor=linear_regression",
+                "timing.linear_regression_grid={polynomial_degree:[1,2],polynomial_include_bias:[true],"
+                "polynomial_interaction_only:[false],fit_intercept:[true]}",
+                "timing.k_fold_cv_splits=2"]
+SETUPS = {"70b": ("llama2_70b", "a100x2", CHEAP), "7b": ("llama2_7b", "a100x1", CHEAP),
+          "70b_linear": ("llama2_70b", "a100x2", CHEAP_LINEAR)}
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    # One per session, shared by pytest-xdist workers (the backend locks while building).
+    session_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session_dir = session_dir.parent
+    path = session_dir / "vidur_cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def timings(cache_dir):
+    """Cheap builds through the real config, with HuggingFace downloads made to fail."""
+    if not ATTENTION_70B.is_file():
+        pytest.skip(f"Vidur profiles not in {PROFILES}")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("vidur tried to download from HuggingFace")
+
+    built = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("vidur.execution_time_predictor.sklearn_execution_time_predictor."
+                      "snapshot_download", no_network)
+        for name, (model, hardware, overrides) in SETUPS.items():
+            built[name] = compose_timing(model, hardware, [f"data_dir={DATA_DIR}",
+                                                           f"timing.cache_dir={cache_dir}",
+                                                           *overrides])
+    return built
+
+
+def shape(new_tokens, context) -> BatchShape:
+    new_tokens = np.asarray(new_tokens, dtype=np.int64)
+    return BatchShape(new_tokens, np.asarray(context, dtype=np.int64), new_tokens > 1)
+
+
+def random_batches(rng, n):
+    """In-range batches mixing prefill chunks (some with cached context) and decodes."""
+    batches = []
+    for _ in range(n):
+        size = int(rng.integers(1, 129))
+        prefill = rng.random(size) < rng.choice([0.0, 0.05, 0.3])
+        new_tokens = np.where(prefill, rng.integers(2, 700, size), 1)
+        keep = np.cumsum(new_tokens) <= 4096
+        new_tokens = new_tokens[keep]
+        context = np.minimum(rng.integers(0, 4096, new_tokens.size), 4096 - new_tokens)
+        batches.append(shape(new_tokens, context))
+    return batches
+
+
+@needs_profiles
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_tables_reproduce_vidur_get_execution_time(timings, setup):
+    timing = timings[setup]
+    assert isinstance(timing, TimingBackend) and timing.time_unit == "seconds"
+    predictor = timing.vidur_predictor()
+    for batch in random_batches(np.random.default_rng(1), 150):
+        expected = predictor.get_execution_time(
+            vidur_batch(batch.new_tokens, batch.context), 0).total_time
+        assert timing.duration(batch) == pytest.approx(expected, rel=1e-6)
+    assert sum(timing.out_of_range_batches.values()) == 0
+
+
+@needs_profiles
+def test_context_is_cached_tokens_and_lookups_follow_vidur_rounding(timings):
+    timing = timings["70b"]
+    tables, ms_to_s = timing.tables, timing.tables.num_layers * 1e-3
+    # One decode at 576 cached tokens: tokens rounded up to 8, context on the 32-grid.
+    assert timing.duration(shape([1], [576])) == pytest.approx(
+        (tables.token_ms[8] + tables.decode_ms[1, 576 // 32]) * ms_to_s)
+    # 577 cached tokens round up to 608; a mean of 576.5 floors to 576 first (Vidur's int()).
+    assert timing.duration(shape([1], [577])) == pytest.approx(
+        (tables.token_ms[8] + tables.decode_ms[1, 608 // 32]) * ms_to_s)
+    assert timing.duration(shape([1, 1], [576, 577])) == pytest.approx(
+        (tables.token_ms[8] + tables.decode_ms[2, 576 // 32]) * ms_to_s)
+    # A 500-token chunk after 100 cached tokens: kv 100 -> 128, chunk 500 -> 512.
+    assert timing.duration(shape([500], [100])) == pytest.approx(
+        (tables.token_ms[504] + tables.prefill_ms[128 // 32, 512 // 32]) * ms_to_s)
+    # More cached tokens cost more attention time than the same chunk from scratch.
+    assert timing.duration(shape([512], [2048])) > timing.duration(shape([512], [0]))
+
+
+@needs_profiles
+def test_second_instance_loads_tables_without_training(timings, monkeypatch):
+    timing = timings["70b"]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("rebuilt although the tables are cached")
+
+    monkeypatch.setattr("replay.timing.vidur_build.build_predictor", no_training)
+    again = VidurTiming(str(PROFILES), "meta-llama/Llama-2-70b-hf", "a100", 2,
+                        random_forest_grid=dict(timing.spec.grid), k_fold_cv_splits=2,
+                        cache_dir=str(timing.cache_dir), out_of_range="error")
+    assert again.cache_path == timing.cache_path
+    np.testing.assert_array_equal(again.tables.prefill_ms, timing.tables.prefill_ms)
+    # Any setting that changes predictions changes the cache key.
+    with pytest.raises(AssertionError, match="rebuilt"):
+        VidurTiming(str(PROFILES), "meta-llama/Llama-2-70b-hf", "a100", 2,
+                    random_forest_grid=dict(timing.spec.grid), k_fold_cv_splits=2,
+                    cache_dir=str(timing.cache_dir), limits={"kv_granularity": 64})
+
+
+@needs_profiles
+def test_out_of_range_error_names_the_limits(timings):
+    strict = VidurTiming(str(PROFILES), "meta-llama/Llama-2-70b-hf", "a100", 2,
+                         random_forest_grid=dict(timings["70b"].spec.grid), k_fold_cv_splits=2,
+                         cache_dir=str(timings["70b"].cache_dir), out_of_range="error")
+    with pytest.raises(VidurRangeError, match=r"\(tokens\).*5000 new tokens"):
+        strict.duration(shape([2500, 2500], [0, 0]))
+    with pytest.raises(VidurRangeError, match=r"decode_batch.*129 decodes"):
+        strict.duration(shape([1] * 129, [100] * 129))
+    with pytest.raises(VidurRangeError, match=r"context.*max context 4160"):
+        strict.duration(shape([1], [4160]))
+    assert strict.duration(shape([1] * 128, [4000] * 128)) > 0   # the edge is inside
+
+
+@needs_profiles
+def test_extrapolation_scales_from_the_profile_edge_and_is_logged(timings, caplog):
+    timing = timings["70b"]
+    tables, ms_to_s = timing.tables, timing.tables.num_layers * 1e-3
+    before = dict(timing.out_of_range_batches)
+    with caplog.at_level(logging.WARNING, logger="replay.timing.vidur"):
+        # 256 decodes: twice the largest profiled decode batch.
+        assert timing.duration(shape([1] * 256, [576] * 256)) == pytest.approx(
+            (tables.token_ms[256] + 2 * tables.decode_ms[128, 576 // 32]) * ms_to_s)
+        # 8192 prefill tokens: per-token ops double the 4096-token value; attention per request.
+        assert timing.duration(shape([4096, 4096], [0, 0])) == pytest.approx(
+            (2 * tables.token_ms[4096] + 2 * tables.prefill_ms[0, 128]) * ms_to_s)
+        # Context beyond the table: decode attention linear in context.
+        assert timing.duration(shape([1], [4160])) == pytest.approx(
+            (tables.token_ms[8] + tables.decode_ms[1, 128] * 4160 / 4096) * ms_to_s)
+        # Chunk past the context limit: attention FLOPs ratio from the largest fitting point.
+        flops = 512 * (4096 + 256) / (512 * (3584 + 256))
+        assert timing.duration(shape([512], [4096])) == pytest.approx(
+            (tables.token_ms[512] + tables.prefill_ms[3584 // 32, 512 // 32] * flops) * ms_to_s)
+    assert "extrapolating beyond the profile (decode_batch)" in caplog.text
+    counts = timing.describe()["out_of_range_batches"]
+    assert counts["decode_batch"] == before["decode_batch"] + 1
+    assert counts["tokens"] == before["tokens"] + 1
+    assert counts["context"] == before["context"] + 2
+
+
+@needs_profiles
+def test_extrapolation_agrees_with_the_tables_inside_the_range(timings):
+    timing = timings["7b"]
+    for batch in random_batches(np.random.default_rng(2), 50):
+        decode = batch.new_tokens == 1
+        inside = timing.duration(batch) / timing.tables.num_layers / 1e-3
+        outside = timing._extrapolated_ms(batch.new_tokens, batch.context,
+                                          int(batch.new_tokens.sum()), decode,
+                                          int(decode.sum()))
+        assert outside == pytest.approx(inside, rel=1e-12)
+
+
+@needs_profiles
+def test_7b_attention_is_derived_and_its_provenance_reported(timings):
+    info = timings["7b"].describe()
+    provenance = info["attention"]
+    assert "derived from the measured Llama-2-70B TP2" in provenance["what"]
+    assert provenance["constants"]["decode_bandwidth_GBps"] < 2039
+    recorded = {f["path"] for f in info["files"]}
+    assert str(ATTENTION_70B.resolve()) in recorded
+    assert provenance["table_file"]["path"] in recorded
+    source, derived = pd.read_csv(ATTENTION_70B), pd.read_csv(provenance["table_file"]["path"])
+    assert len(derived) == len(source)
+    assert set(derived["n_kv_head"]) == {32} and set(derived["num_tensor_parallel_workers"]) == {1}
+    prefill = derived["is_prefill"]
+    column = "time_stats.attn_prefill.median"
+    np.testing.assert_array_equal(derived.loc[prefill, column], source.loc[prefill, column])
+    decode = ~prefill
+    extra = (derived.loc[decode, "time_stats.attn_decode.median"]
+             - source.loc[decode, "time_stats.attn_decode.median"])
+    bytes_moved = (source.loc[decode, "batch_size"] * source.loc[decode, "kv_cache_size"]
+                   * (16384 - 2048))
+    bandwidth = provenance["constants"]["decode_bandwidth_GBps"] * 1e9 / 1e3   # bytes per ms
+    np.testing.assert_allclose(extra, bytes_moved / bandwidth, rtol=1e-5)
+    assert timings["70b"].describe()["attention"]["source"] == "measured Vidur profile"
+
+
+def test_derivation_rejects_data_that_is_not_70b_decode():
+    frame = pd.DataFrame({"n_embd": [4096], "n_q_head": [32], "n_kv_head": [32],
+                          "num_tensor_parallel_workers": [1], "is_prefill": [False]})
+    with pytest.raises(ValueError, match="no Llama-2-70B TP 2 prefill and decode rows"):
+        attention_7b.derive(frame)
+
+
+def test_missing_profile_says_where_to_get_it(tmp_path):
+    with pytest.raises(MissingDataError) as error:
+        VidurTiming(str(tmp_path), "meta-llama/Llama-2-7b-hf", "a100", 1,
+                    cache_dir=str(tmp_path / "cache"))
+    message = str(error.value)
+    assert "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv" in message
+    assert "raw.githubusercontent.com/microsoft/vidur/" in message
+    assert "python -m replay.timing.profiles_fetch" in message
+
+
+@needs_profiles
+def test_missing_70b_attention_is_an_error_not_a_substitution(tmp_path):
+    for relative in ("compute/a100/meta-llama/Llama-2-70b-hf/mlp.csv",
+                     "network/a100_pairwise_nvlink/all_reduce.csv"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).symlink_to(PROFILES / relative)
+    with pytest.raises(MissingDataError,
+                       match="e2d00e9.*file not found: .*Llama-2-70b-hf/attention.csv"):
+        VidurTiming(str(tmp_path), "meta-llama/Llama-2-70b-hf", "a100", 2,
+                    cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="derived attention table exists only for"):
+        VidurTiming(str(tmp_path), "meta-llama/Llama-2-70b-hf", "a100", 2, attention="derived",
+                    cache_dir=str(tmp_path / "cache"))
+
+
+def test_bad_settings_fail_clearly(tmp_path):
+    with pytest.raises(ValueError, match="predictor: must be one of"):
+        VidurTiming(str(tmp_path), "m", "a100", 1, predictor="xgboost")
+    with pytest.raises(ValueError, match="out_of_range: must be one of"):
+        VidurTiming(str(tmp_path), "m", "a100", 1, out_of_range="clip")
+    with pytest.raises(ValueError, match="multiple of kv_granularity"):
+        VidurTiming(str(tmp_path), "m", "a100", 1, limits={"kv_granularity": 48})
+    with pytest.raises(ValueError, match="unknown keys"):
+        VidurTiming(str(tmp_path), "m", "a100", 1,
+                    random_forest_grid={"polynomial_degree": [1]})
+
+
+def test_profile_urls_mirror_vidurs_tree():
+    llama70, llama7 = "meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-7b-hf"
+    assert profiles_fetch.source_url("mlp", llama7, "a100") == (
+        "https://raw.githubusercontent.com/microsoft/vidur/bee57dafa1eb2dc422dcaec46a66975599a6a242/"
+        "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
+    assert profiles_fetch.source_url("attention", llama7, "a100") == (
+        "https://media.githubusercontent.com/media/microsoft/vidur/main/data/profiling/"
+        "compute/a100/meta-llama/Llama-2-7b-hf/attention.csv")
+    assert profiles_fetch.source_url("attention", llama70, "a100").endswith(
+        "/e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a/data/profiling/a100/attention.csv")
+    assert profiles_fetch.source_url("all_reduce", llama70, "a100", "a100_pairwise_nvlink") == (
+        "https://raw.githubusercontent.com/microsoft/vidur/5555bb810209639fed7a774a0b40b77cfca5ee33/"
+        "data/profiling/network/a100_pairwise_nvlink/all_reduce.csv")
+    with pytest.raises(ValueError, match="needs a network device"):
+        profiles_fetch.source_url("send_recv", llama70, "a100")
+    assert "download by hand" in profiles_fetch.fetch_hint("attention", llama7, "a100")
+
+
+@needs_profiles
+def test_fetch_puts_each_download_where_the_backend_reads_it(tmp_path):
+    """Serve Vidur's tree from the shared copy: URL -> file must round-trip with hashes."""
+    github = "https://raw.githubusercontent.com/microsoft/vidur/"
+
+    def opener(url):
+        assert url.startswith(github), url
+        commit, _, repo_path = url.removeprefix(github).partition("/")
+        assert len(commit) == 40, url
+        if repo_path == "data/profiling/a100/attention.csv":   # the 70B copy's old location
+            return open(ATTENTION_70B, "rb")
+        return open(PROFILES / repo_path.removeprefix("data/profiling/"), "rb")
+
+    fetched = fetch(profiles_fetch.PROFILE_FILES, tmp_path, opener=opener)
+    assert len(fetched) == 7 and all(path.is_file() for path in fetched)
+    local = tmp_path / "vidur" / "profiling"
+    for model in ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-7b-hf"):
+        paths = profiles_fetch.profile_paths(local, model, "a100", "a100_pairwise_nvlink")
+        assert paths["mlp"] in fetched and paths["all_reduce"] in fetched
+    assert (local / "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv") in fetched
+
+
+@needs_profiles
+def test_standard_shapes_table(timings):
+    shapes = standard_shapes()
+    assert len(shapes) == 20
+    table = shape_table(timings["70b"], "llama2_70b", "a100x2").set_index("shape")
+    assert list(table[table["extrapolated"]].index) == ["decode 1@4160"]
+    decode_ms = [table.loc[f"decode {b}@576", "milliseconds"] for b in (1, 8, 64, 128)]
+    assert decode_ms == sorted(decode_ms)
+    assert table.loc["prefill 1x4096", "milliseconds"] > 4 * table.loc["prefill 1x512",
+                                                                      "milliseconds"]
+
+
+def test_fit_linear_recovers_known_coefficients():
+    truth = LinearTiming(d0=0.02, d1=3e-7, d2=1.5e-4)
+    result = fit(truth, batch_mix(np.random.default_rng(0), 300))
+    assert result["d0"] == pytest.approx(truth.d0, rel=1e-6)
+    assert result["d1"] == pytest.approx(truth.d1, rel=1e-6)
+    assert result["d2"] == pytest.approx(truth.d2, rel=1e-6)
+    assert result["max_relative_error"] < 1e-6
+
+
+def test_batch_mix_stays_inside_the_profiled_range():
+    batches = batch_mix(np.random.default_rng(3), 500)
+    assert all(b.new_tokens.sum() <= 4096 and (b.new_tokens == 1).sum() <= 128
+               and (b.context + b.new_tokens).max() <= 4096 for b in batches)
+    prefill_share = np.mean([b.is_prefill.any() for b in batches])
+    assert 0.1 < prefill_share < 0.3
