@@ -36,6 +36,7 @@ class Target:
     quick: tuple[str, ...] = ()
     multirun: bool = True
     figures: tuple[Callable[[Path, Path], list[Path]], ...] = ()
+    needs_data: bool = False  # reads traces or Vidur profiles from the data directory
 
 
 TARGETS: dict[str, Target] = {
@@ -50,6 +51,15 @@ TARGETS: dict[str, Target] = {
         "A3 (scaled down) + A5: latency vs n for the seven policy settings, KV of MC-SF",
         ("experiment=a3_small",), quick=("workload.n=120", "kv.tokens=1500"),
         figures=(plot_latency_vs_n, plot_kv_of_sweep)),
+    "a3": Target(
+        "A3 + A5: 10,000 LMSYS conversations at 50/s and 10/s, Llama-2-70B on 2 x A100 with "
+        "Vidur timing, M = 16,492: latency vs n for the eight policy settings, KV of MC-SF",
+        ("experiment=a3",),
+        # A cheap Vidur grid (trains in seconds) keeps the quick run on the Vidur backend.
+        quick=("workload.n=150", "kv.tokens=1500",
+               "timing.random_forest_grid={num_estimators:[8],max_depth:[8],"
+               "min_samples_split:[2]}", "timing.k_fold_cv_splits=2"),
+        figures=(plot_latency_vs_n, plot_kv_of_sweep), needs_data=True),
     "a7_small": Target(
         "A7 (scaled down): alpha-protection's endless cycle at alpha = 0.15, smallest alpha "
         "that finishes per demand level",

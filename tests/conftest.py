@@ -15,6 +15,8 @@ from replay.timing import UnitTiming
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("KVSCHED_DATA_DIR", REPO.parent / "shared" / "data"))
+# Subprocesses (``python -m replay`` in CLI and reproduction tests) read the same directory.
+os.environ.setdefault("KVSCHED_DATA_DIR", str(DATA_DIR))
 
 
 def replay(prompt_len, output_len, policy, kv_tokens: int, arrival=None, timing=None,

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from replay.reproduce import TARGETS, run_target
+from tests.conftest import DATA_DIR
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +16,8 @@ def quick(tmp_path_factory):
     done: dict[str, list] = {}
 
     def get(name: str):
+        if TARGETS[name].needs_data and not (DATA_DIR / "vidur").is_dir():
+            pytest.skip(f"target {name} needs the data directory ({DATA_DIR} is absent)")
         if name not in done:
             done[name] = run_target(name, quick=True, outputs_root=root)
         return done[name], root
