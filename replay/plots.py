@@ -93,7 +93,12 @@ def policy_label(policy_cfg: dict) -> str:
 
 def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[Path]:
     """EXPERIMENTS.md A3: average latency of the first ``n`` requests vs ``n``, one figure
-    per arrival rate, one line per policy with its least-squares slope in the legend."""
+    per arrival rate, one line per policy with its least-squares slope in the legend.
+
+    The CSV keeps every point with ``n_completed``; the figure draws a point only when
+    all of the first ``n`` requests completed, and a run that ended early (livelock)
+    is named in the legend with how many requests it finished.
+    """
     table = []
     for summary_path in sorted(sweep_dir.glob("*/summary.json")):
         summary, requests, _ = load_run(summary_path.parent)
@@ -110,13 +115,17 @@ def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[
     for rate, group in data.groupby("rate"):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for policy, curve in group.groupby("policy", sort=False):
-            finite = curve.dropna(subset=["mean_latency"])
-            slope = np.polyfit(finite["n"], finite["mean_latency"], 1)[0] if len(finite) > 1 \
-                else np.nan
+            # A point is drawn only if all of the first n requests finished: an average over
+            # the survivors of a livelock would look deceptively good.
+            complete = curve[curve["n_completed"] == curve["n"]]
+            slope = (np.polyfit(complete["n"], complete["mean_latency"], 1)[0]
+                     if len(complete) > 1 else np.nan)
             status = curve["status"].iloc[0]
-            suffix = "" if status == "completed" else f", {status}"
-            ax.plot(curve["n"], curve["mean_latency"], marker="o", ms=3,
-                    label=f"{policy}: slope {slope:.3g}{suffix}")
+            label = f"{policy}: slope {slope:.3g}"
+            if status != "completed":
+                label = (f"{policy}: {status} after {int(curve['n_completed'].max())} of "
+                         f"{int(curve['n'].max())} completed")
+            ax.plot(complete["n"], complete["mean_latency"], marker="o", ms=3, label=label)
         ax.set_xlabel("first n requests")
         ax.set_ylabel("average end-to-end latency (s)")
         ax.set_title(f"Average latency vs n, arrival rate {rate}/s")
