@@ -227,7 +227,7 @@ def test_missing_profile_says_where_to_get_it(tmp_path):
     message = str(error.value)
     assert "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv" in message
     assert "raw.githubusercontent.com/microsoft/vidur/" in message
-    assert "python -m replay.timing.profiles_fetch" in message
+    assert "python -m traces.fetch" in message
 
 
 @needs_profiles

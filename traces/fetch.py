@@ -1,4 +1,8 @@
-"""``python -m traces.fetch --data-dir DIR``: download the trace files from their public origins.
+"""``python -m traces.fetch --data-dir DIR``: download the data files from their public origins.
+
+Trace files go to ``DIR/traces/``; the Vidur A100 profiles listed in
+:mod:`replay.timing.profiles_fetch` go to ``DIR/vidur/profiling/`` (``--only``
+picks one of the two).
 
 Each file is fetched from a commit-pinned GitHub raw URL into ``DIR/traces/`` and checked
 against the SHA-256 of the copy the project was developed with; a file already present with the
@@ -107,10 +111,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m traces.fetch", description=__doc__)
     parser.add_argument("--data-dir", default=os.environ.get("KVSCHED_DATA_DIR"),
                         help="data directory (default: $KVSCHED_DATA_DIR)")
+    parser.add_argument("--only", choices=("traces", "profiles"),
+                        help="fetch only the traces or only the Vidur profiles")
     args = parser.parse_args(argv)
     if not args.data_dir:
         parser.error("give --data-dir or set KVSCHED_DATA_DIR")
-    for path in fetch(TRACE_FILES, Path(args.data_dir)):
+    # Imported here: the profile list lives with the timing backend, which imports this module.
+    from replay.timing.profiles_fetch import PROFILE_FILES
+
+    files = {"traces": TRACE_FILES, "profiles": PROFILE_FILES}
+    chosen = [files[args.only]] if args.only else list(files.values())
+    for path in fetch([f for group in chosen for f in group], Path(args.data_dir)):
         print(path)
 
 

@@ -1,7 +1,8 @@
 """Where Vidur's profile CSVs live locally, where they come from, and how to download them.
 
-``python -m replay.timing.profiles_fetch --data-dir DIR`` downloads, on a machine
-with internet access, the profiles the ``vidur`` timing backend reads into
+``python -m traces.fetch --data-dir DIR`` (the one download command for all data)
+fetches, on a machine with internet access, the profiles the ``vidur`` timing
+backend reads into
 ``DIR/vidur/profiling/`` (the layout of Vidur's own ``data/profiling/`` tree) from
 the microsoft/vidur GitHub repository at pinned commits, checking each file's
 SHA-256 against the copy the project was validated with (``traces.fetch`` does
@@ -24,12 +25,9 @@ here because their content is pinned and known.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 from pathlib import Path
 
-from traces.fetch import RemoteFile, fetch
+from traces.fetch import RemoteFile
 
 VIDUR_REPO = "microsoft/vidur"
 ATTENTION_70B_COMMIT = "e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a"
@@ -112,21 +110,6 @@ def fetch_hint(kind: str, model: str, device: str, network_device: str | None = 
     return (f"Vidur {kind} profile for {model} on {device}"
             + (f" / {network_device}" if kind in NETWORK_KINDS else "")
             + f" (origin: {source_url(kind, model, device, network_device)}"
-            + ("; download with `python -m replay.timing.profiles_fetch --data-dir DATA_DIR`)"
+            + ("; download with `python -m traces.fetch --data-dir DATA_DIR`)"
                if known else "; Git LFS, download by hand)"))
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.timing.profiles_fetch",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=os.environ.get("KVSCHED_DATA_DIR"),
-                        help="data directory (default: $KVSCHED_DATA_DIR)")
-    args = parser.parse_args(argv)
-    if not args.data_dir:
-        parser.error("give --data-dir or set KVSCHED_DATA_DIR")
-    for path in fetch(PROFILE_FILES, Path(args.data_dir)):
-        print(path)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
