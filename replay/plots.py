@@ -170,6 +170,88 @@ def plot_metric_bars(sweep_dir: Path, out_dir: Path, metric: str = "tel") -> lis
     return [out]
 
 
+def _select(config: dict, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+def sweep_table(sweep_dir: Path, params: dict[str, str]) -> pd.DataFrame:
+    """One row per run of a sweep: its summary's headline numbers and the ``params``
+    (column name -> dotted config key) read from its resolved config."""
+    rows = []
+    for summary_path in sorted(sweep_dir.glob("*/summary.json")):
+        summary = json.loads(summary_path.read_text())
+        row = {name: _select(summary["config"], key) for name, key in params.items()}
+        row.update({k: summary[k] for k in ("status", "n_requests", "n_completed",
+                                            "mean_latency", "p99_latency", "evictions")})
+        row["policy"] = policy_label(summary["config"]["policy"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_seed_statistics(sweep_dir: Path, out_dir: Path) -> list[Path]:
+    """EXPERIMENTS.md A4: mean, std, max and min over seeds of each policy's average latency.
+
+    Only runs that completed enter the statistics; ``n_livelock`` counts the others.
+    """
+    table = sweep_table(sweep_dir, {"seed": "seed"})
+    done = table[table["status"] == "completed"]
+    policies = sorted(table["policy"].unique())
+    stats = (done.groupby("policy")["mean_latency"].agg(["mean", "std", "max", "min", "count"])
+             .reindex(policies))
+    stats["count"] = stats["count"].fillna(0).astype(int)
+    stats["n_livelock"] = (table[table["status"] != "completed"].groupby("policy").size()
+                           .reindex(policies, fill_value=0))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar(stats.index, stats["mean"], yerr=stats["std"], capsize=4, color="tab:blue")
+    ax.scatter(stats.index, stats["max"], marker="v", color="k", label="max over seeds")
+    ax.scatter(stats.index, stats["min"], marker="^", color="k", label="min over seeds")
+    for x, (_, row) in enumerate(stats.iterrows()):
+        if row["n_livelock"]:
+            ax.text(x, 0, f"{int(row['n_livelock'])} livelock", rotation=90, va="bottom",
+                    ha="center", fontsize=7)
+    ax.set_ylabel("average latency (s), mean +- std over seeds")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "seed_statistics.png"
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+    stats.to_csv(out.with_suffix(".csv"))
+    return [out]
+
+
+def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> list[Path]:
+    """EXPERIMENTS.md A6: average latency vs the config value ``x``, one line per value of
+    ``series``, one figure per arrival rate. Livelocked runs are left out of the lines and
+    listed in the CSV."""
+    table = sweep_table(sweep_dir, {"x": x, "series": series, "rate": "arrivals.rate"})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    short = {name: name.rsplit(".", 1)[-1] for name in (x, series)}
+    for rate, group in table.groupby("rate"):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for value, line in group.sort_values("x").groupby("series"):
+            done = line[line["status"] == "completed"]
+            failed = len(line) - len(done)
+            label = f"{short[series]} = {value:g}" + (f" ({failed} livelocked)" if failed else "")
+            ax.plot(done["x"], done["mean_latency"], marker="o", ms=3, label=label)
+        ax.set_xlabel(short[x])
+        ax.set_ylabel("average end-to-end latency (s)")
+        ax.set_title(f"alpha/beta-clearing, arrival rate {rate:g}/s")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out = out_dir / f"latency_vs_{short[x]}_rate{rate:g}.png"
+        fig.savefig(out, dpi=150)
+        plt.close(fig)
+        group.rename(columns={"x": x, "series": series}).to_csv(out.with_suffix(".csv"),
+                                                                  index=False)
+        written.append(out)
+    return written
+
+
 def load_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     summary = json.loads((run_dir / "summary.json").read_text())
     return (summary, pd.read_parquet(run_dir / "requests.parquet"),

@@ -16,9 +16,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from replay.plots import plot_kv_of_sweep, plot_latency_vs_n, plot_metric_bars
+from replay.plots import (
+    plot_kv_of_sweep,
+    plot_latency_vs_n,
+    plot_metric_bars,
+    plot_seed_statistics,
+    plot_sensitivity,
+)
 
 
 def study_figures(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -39,6 +46,12 @@ class Target:
     needs_data: bool = False  # reads traces or Vidur profiles from the data directory
 
 
+#: Quick A3-based runs: few requests, a small M so memory binds, and a cheap Vidur grid
+#: (trains in seconds) so the quick run still goes through the Vidur backend.
+A3_QUICK = ("workload.n=150", "kv.tokens=1500",
+            "timing.random_forest_grid={num_estimators:[8],max_depth:[8],min_samples_split:[2]}",
+            "timing.k_fold_cv_splits=2")
+
 TARGETS: dict[str, Target] = {
     "c3": Target(
         "C3 worked example: TEL of FCFS (both tie orders) and MC-SF, unit time, M = 64",
@@ -55,11 +68,20 @@ TARGETS: dict[str, Target] = {
         "A3 + A5: 10,000 LMSYS conversations at 50/s and 10/s, Llama-2-70B on 2 x A100 with "
         "Vidur timing, M = 16,492: latency vs n for the eight policy settings, KV of MC-SF",
         ("experiment=a3",),
-        # A cheap Vidur grid (trains in seconds) keeps the quick run on the Vidur backend.
-        quick=("workload.n=150", "kv.tokens=1500",
-               "timing.random_forest_grid={num_estimators:[8],max_depth:[8],"
-               "min_samples_split:[2]}", "timing.k_fold_cv_splits=2"),
+        quick=A3_QUICK,
         figures=(plot_latency_vs_n, plot_kv_of_sweep), needs_data=True),
+    "a4": Target(
+        "A4: n = 1,000 at 50/s on the A3 setup, 50 seeds per policy setting: mean, std, max, "
+        "min of the average latency",
+        ("experiment=a4",), quick=(*A3_QUICK[1:], "workload.n=100", "seed=0,1,2"),
+        figures=(plot_seed_statistics,), needs_data=True),
+    **{f"a6_{x}": Target(
+        f"A6: alpha/beta-clearing's average latency vs {x} on the A3 setup, both demands",
+        (f"experiment=a6_{x}",), quick=(*A3_QUICK, quick_grid),
+        figures=(partial(plot_sensitivity, x=keys[0], series=keys[1]),), needs_data=True)
+       for x, keys, quick_grid in (
+           ("alpha", ("policy.alpha", "policy.overflow.beta"), "policy.alpha=0.1,0.3"),
+           ("beta", ("policy.overflow.beta", "policy.alpha"), "policy.overflow.beta=0.1,0.3"))},
     "a7_small": Target(
         "A7 (scaled down): alpha-protection's endless cycle at alpha = 0.15, smallest alpha "
         "that finishes per demand level",

@@ -33,7 +33,9 @@ def test_there_is_something_to_check():
 REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"]}
 COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy")
 #: Groups whose options are `# @package _global_` setups rather than one config node.
-GLOBAL_GROUPS = {"experiment", "paper_policy"}
+GLOBAL_GROUPS = {"experiment", "paper_policy", "setup"}
+#: Groups that are not in the primary defaults list (experiments include them).
+APPENDED = {"setup"}
 
 
 def instantiate_components(cfg, skip=()):
@@ -44,7 +46,8 @@ def instantiate_components(cfg, skip=()):
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_config_composes_and_instantiates(group, option):
-    cfg = compose_with(f"{group}={option}", *REQUIRED.get((group, option), []))
+    prefix = "+" if group in APPENDED else ""
+    cfg = compose_with(f"{prefix}{group}={option}", *REQUIRED.get((group, option), []))
     if group in GLOBAL_GROUPS:
         if cfg.study is not None:
             assert callable(instantiate(cfg.study, _partial_=True))

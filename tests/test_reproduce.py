@@ -51,3 +51,13 @@ def test_a3_small_puts_mcsf_first_under_memory_pressure(quick):
     assert completed["mean_latency"].idxmin() == "MC-SF"
     unfinished = final[final["status"] != "completed"]
     assert (unfinished["n_completed"] < unfinished["n"]).all()
+
+
+def test_a4_statistics_account_for_every_seed(quick):
+    (png,), _ = quick("a4")
+    stats = pd.read_csv(png.with_suffix(".csv"), index_col="policy")
+    assert len(stats) == 8
+    assert ((stats["count"] + stats["n_livelock"]) == 3).all()  # quick: seeds 0, 1, 2
+    finished = stats[stats["count"] > 0]
+    assert (finished["min"] <= finished["mean"]).all()
+    assert (finished["mean"] <= finished["max"]).all()
