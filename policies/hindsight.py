@@ -21,7 +21,8 @@ Solvers (compared on A1s-sized instances, see the README; the studies use
   a base interval of height ``s_i + 1`` over its ``o_i`` rounds plus
   ``o_i - 1`` unit-height intervals starting one round later each. Redundant
   no-overlap of the iterations holding more than ``M / 2`` (two such can never
-  coexist), and scheduling cuts (``linearization_level=2``).
+  coexist) and of the tails of :func:`disjoint_tails` (``tail_families``), and
+  scheduling cuts (``linearization_level=2``).
 * ``cpsat``: CP-SAT on the time-indexed model (one Boolean per admissible
   start, memory as one linear constraint per round), starts channelled into
   ``p_i``.
@@ -29,8 +30,14 @@ Solvers (compared on A1s-sized instances, see the README; the studies use
 
 All three get the known schedule as a hint / start solution; the CP-SAT models
 also order the starts of identical requests ``(s, o, a)`` (symmetry breaking:
-swapping two identical requests changes nothing). The LP relaxation (:func:`lp_bound`)
-gives a second, usually stronger, lower bound.
+swapping two identical requests changes nothing). The LP relaxation (:func:`lp_bound`),
+strengthened by the same tails as cuts, gives a second, usually stronger, lower bound.
+
+Tails: two requests that, on their own, can overlap by at most ``h`` rounds whichever
+starts first run their iterations after the first ``h`` at disjoint times
+(:func:`max_overlap`, :func:`disjoint_tails`). The time-indexed LP ignores this: it
+spreads a long request over many starts at a fraction each, so it never holds its
+peak, which is what keeps its bound near 2/3 of MC-SF's TEL at A1 size.
 
 ``highspy`` and ``ortools`` each bundle a HiGHS library whose symbols clash,
 so the two cannot be imported into one process (either import order fails).
@@ -154,6 +161,48 @@ def symmetry_groups(inst: Instance) -> list[np.ndarray]:
     return [g for g in groups if g.size > 1]
 
 
+def max_overlap(inst: Instance) -> np.ndarray:
+    """``overlap[i, j]``: the most rounds ``i`` and ``j`` can run together, on their own,
+    when ``j`` starts no earlier than ``i``.
+
+    Started ``d < o_i`` rounds after ``i``, ``j`` overlaps it up to ``i``'s iteration
+    ``t_end + 1 = min(o_i, d + o_j)``, where the pair holds the most:
+    ``s_i + s_j + 2 t_end - d + 2`` (it grows by two per round)."""
+    s, o, kv = inst.prompt_len, inst.output_len, inst.kv_capacity
+    overlap = np.zeros((len(inst), len(inst)), dtype=np.int64)
+    for i in range(len(inst)):
+        d = np.arange(o[i])[:, None]
+        t_end = np.minimum(o[i], d + o[None, :]) - 1
+        fits = s[i] + s[None, :] + 2 * t_end - d + 2 <= kv
+        overlap[i] = np.where(fits, t_end - d + 1, 0).max(axis=0)
+    return overlap
+
+
+def disjoint_tails(inst: Instance) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Families ``(requests, heads)`` whose tails (request ``j`` without its first
+    ``heads[j]`` iterations) never run at the same time in a feasible schedule.
+
+    For the requests whose peak ``s + o`` reaches a threshold, ``heads[j]`` is the most
+    any other of them can overlap ``j`` when starting no later (:func:`max_overlap`):
+    if ``i`` starts first, it completes at most ``heads[j]`` rounds after ``p_j``, so before
+    ``j``'s tail starts. One family per distinct set with two or more non-empty tails.
+    """
+    overlap = max_overlap(inst)
+    np.fill_diagonal(overlap, 0)
+    peaks = inst.prompt_len + inst.output_len
+    families, seen = [], set()
+    for threshold in np.unique(peaks):
+        members = np.flatnonzero(peaks >= threshold)
+        heads = overlap[np.ix_(members, members)].max(axis=0)
+        keep = heads < inst.output_len[members]
+        key = (tuple(members[keep]), tuple(heads[keep]))
+        if keep.sum() < 2 or key in seen:
+            continue
+        seen.add(key)
+        families.append((members[keep], heads[keep]))
+    return families
+
+
 def canonical_hint(inst: Instance, starts) -> np.ndarray:
     """``starts`` with identical requests' starts sorted by id (same TEL, same profile)."""
     starts = np.asarray(starts, dtype=np.int64).copy()
@@ -221,40 +270,88 @@ class LPBound:
     message: str = ""
 
 
-def _pricing(inst: Instance, latest: np.ndarray, multiplier: np.ndarray, first_round: int
+def _window_sums(values: np.ndarray, length: int, first: np.ndarray, last: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``sum values[r]`` and ``sum r values[r]`` over rounds ``first <= r < last``
+    (elementwise; rounds offset by the first round, ``values`` padded with zeros)."""
+    v = np.zeros(length + 1)
+    v[: min(values.size, length)] = values[:length]
+    rounds = np.arange(v.size)
+    prefix0 = np.concatenate([[0.0], np.cumsum(v)])
+    prefix1 = np.concatenate([[0.0], np.cumsum(rounds * v)])
+    return prefix0[last] - prefix0[first], prefix1[last] - prefix1[first]
+
+
+def _pricing(inst: Instance, latest: np.ndarray, multiplier: np.ndarray, first_round: int,
+             cuts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = ()
              ) -> tuple[np.ndarray, np.ndarray]:
     """Per request, the cheapest start in ``[a_i, latest_i]`` and its cost
-    ``k + sum_j (s_i + j) y[k + j - 1]`` under memory multipliers ``y >= 0``."""
+    ``k + sum_j (s_i + j) y[k + j - 1] + sum_f sum_{r in tail_f(k)} z_f[r]`` under memory
+    multipliers ``y >= 0`` and tail-cut multipliers ``z_f >= 0`` (``cuts``: per family
+    ``(members, heads, z_f)``)."""
     a, s, o = inst.arrival, inst.prompt_len, inst.output_len
     length = int((latest + o).max()) - first_round
-    y = np.zeros(length + 1)
-    y[: min(multiplier.size, length)] = multiplier[:length]
-    rounds = np.arange(y.size)
-    prefix0 = np.concatenate([[0.0], np.cumsum(y)])
-    prefix1 = np.concatenate([[0.0], np.cumsum(rounds * y)])
+    head = [dict(zip(members.tolist(), heads.tolist(), strict=True)) for members, heads, _ in cuts]
     best_start = np.empty(len(inst), dtype=np.int64)
     best_cost = np.empty(len(inst))
     for i in range(len(inst)):
         k = np.arange(a[i], latest[i] + 1) - first_round
-        window0 = prefix0[k + o[i]] - prefix0[k]
-        window1 = prefix1[k + o[i]] - prefix1[k] - k * window0
-        cost = k + first_round + (s[i] + 1) * window0 + window1
+        window0, window1 = _window_sums(multiplier, length, k, k + o[i])
+        cost = k + first_round + (s[i] + 1) * window0 + window1 - k * window0
+        for f, (_, _, z) in enumerate(cuts):
+            if i in head[f]:
+                cost += _window_sums(z, length, k + head[f][i], k + o[i])[0]
         j = int(np.argmin(cost))
         best_start[i], best_cost[i] = k[j] + first_round, cost[j]
     return best_start, best_cost
 
 
-def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: float = 60.0,
-             max_rounds: int = 20) -> LPBound:
-    """The LP relaxation of the time-indexed program, solved by column generation.
+def tail_rows(inst: Instance, model: TimeIndexed, members: np.ndarray, heads: np.ndarray
+              ) -> sparse.csr_matrix:
+    """Rows (rounds) x columns: 1 where the column's request is in the family and its tail
+    (iterations ``heads + 1 .. o``) covers the round."""
+    head = np.full(len(inst), -1)
+    head[members] = heads
+    columns = np.flatnonzero(head[model.request] >= 0)
+    length = inst.output_len[model.request[columns]] - head[model.request[columns]]
+    column = np.repeat(columns, length)
+    step = np.arange(length.sum()) - np.repeat(np.cumsum(length) - length, length)
+    rows = model.start[column] + head[model.request[column]] + step - model.first_round
+    return sparse.csr_matrix((np.ones(column.size), (rows, column)),
+                             shape=(model.n_rounds, model.n_columns))
 
-    The first LP (SciPy's HiGHS, dual simplex) allows starts only up to
+
+def _most_violated(excess: list[np.ndarray], limit: int, first_round: int) -> list[np.ndarray]:
+    """Per family, the rounds (absolute) of the ``limit`` largest positive ``excess`` values
+    over all families."""
+    flat = np.concatenate(excess) if excess else np.zeros(0)
+    chosen = np.zeros(flat.size, dtype=bool)
+    chosen[np.argsort(-flat)[:limit]] = True
+    chosen &= flat > 1e-6
+    bounds = np.cumsum([0] + [e.size for e in excess])
+    return [np.flatnonzero(chosen[lo:hi]) + first_round
+            for lo, hi in itertools.pairwise(bounds)]
+
+
+def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: float = 60.0,
+             max_rounds: int = 40, tail_cuts: bool = True, max_new_cuts: int = 300
+             ) -> LPBound:
+    """The LP relaxation of the time-indexed program, solved by column generation,
+    strengthened by tail cuts when ``tail_cuts``.
+
+    The first LP (SciPy's HiGHS, interior point with crossover: faster than the dual simplex
+    once cuts are in) allows starts only up to
     ``max a + ceil(sum_i o_i (s_i + (o_i + 1) / 2) / M) + max o`` (the memory-area
     horizon); its memory duals ``y`` price every start up to :func:`latest_starts`,
-    and starts with a negative reduced cost are added until none is left. Whatever
-    the stage, the Lagrangian value ``sum_i min_k [k + sum_j (s_i + j) y] - M sum y``
-    is a valid lower bound (weak duality, ``y >= 0``), so a time-out still leaves a
-    bound; at convergence it equals the LP optimum over the full horizon.
+    and starts with a negative reduced cost are added until none is left. Tail cuts:
+    per round and family of :func:`disjoint_tails`, at most one tail covers the round
+    (valid for every integral schedule, not implied by the memory rows: the LP spreads
+    a long request over many starts and so never holds its peak); the ``max_new_cuts``
+    most violated ones are added per round of generation (smaller LPs, so a time-out
+    still leaves most of the gain on A1-sized instances). Whatever the stage, the Lagrangian value
+    ``sum_i min_k [k + sum_j (s_i + j) y + tail duals] - M sum y - sum z`` is a valid
+    lower bound (weak duality, ``y, z >= 0``), so a time-out still leaves a bound; at
+    convergence it equals the LP optimum (with the cuts) over the full horizon.
     """
     started = time.perf_counter()
     if len(inst) == 0:
@@ -264,6 +361,8 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
     area = float((o * (s + (o + 1) / 2)).sum())
     window = np.maximum(a, np.minimum(latest, int(a.max()) + math.ceil(area / inst.kv_capacity)
                                       + int(o.max())))
+    families = disjoint_tails(inst) if tail_cuts else []
+    cut_rounds = [np.zeros(0, dtype=np.int64) for _ in families]  # per family, absolute rounds
     constant = _tel_constant(inst)
     bound, status, message = None, "time_limit", "time limit before the first LP finished"
     for rounds in range(1, max_rounds + 1):
@@ -271,36 +370,50 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
         if remaining <= 0:
             break
         model = time_indexed(inst, window)
+        tails = [tail_rows(inst, model, members, heads) for members, heads in families]
+        cut_rows = [t[r - model.first_round] for t, r in zip(tails, cut_rounds, strict=True)]
+        n_cuts = sum(r.size for r in cut_rounds)
         result = linprog(
-            c=model.start.astype(float), A_ub=model.memory,
-            b_ub=np.full(model.n_rounds, inst.kv_capacity), A_eq=model.assign,
-            b_eq=np.ones(len(inst)), bounds=(0, 1), method="highs-ds",
+            c=model.start.astype(float), A_ub=sparse.vstack([model.memory, *cut_rows]),
+            b_ub=np.concatenate([np.full(model.n_rounds, inst.kv_capacity), np.ones(n_cuts)]),
+            A_eq=model.assign, b_eq=np.ones(len(inst)), bounds=(0, 1), method="highs-ipm",
             options={"time_limit": float(remaining)})
         if result.status != 0:
             status = "time_limit" if result.status == 1 else "error"
             message = result.message
             break
-        multiplier = np.maximum(-result.ineqlin.marginals, 0.0)
-        best_start, best_cost = _pricing(inst, latest, multiplier, model.first_round)
-        lagrangian = best_cost.sum() - inst.kv_capacity * multiplier.sum() + constant
+        duals = np.maximum(-result.ineqlin.marginals, 0.0)
+        multiplier = duals[: model.n_rounds]
+        cut_duals, offset = [], model.n_rounds
+        for (members, heads), r in zip(families, cut_rounds, strict=True):
+            z = np.zeros(model.n_rounds)
+            z[r - model.first_round] = duals[offset: offset + r.size]
+            cut_duals.append((members, heads, z))
+            offset += r.size
+        best_start, best_cost = _pricing(inst, latest, multiplier, model.first_round, cut_duals)
+        lagrangian = (best_cost.sum() - inst.kv_capacity * multiplier.sum()
+                      - duals[model.n_rounds:].sum() + constant)
         bound = max(bound or -math.inf, float(math.ceil(lagrangian - 1e-6 * max(1.0, lagrangian))))
         reduced = best_cost - result.eqlin.marginals
         grow = (best_start > window) & (reduced < -1e-9)
-        if not grow.any():
+        violated = _most_violated([t @ result.x - 1 for t in tails], max_new_cuts,
+                                  model.first_round)
+        if not grow.any() and not any(v.size for v in violated):
             mean_start = np.bincount(model.request, weights=model.start * result.x,
                                      minlength=len(inst))
             return LPBound("optimal", bound, result.fun + constant, mean_start,
                            model.n_columns, rounds, time.perf_counter() - started)
+        cut_rounds = [np.union1d(r, v) for r, v in zip(cut_rounds, violated, strict=True)]
         window = np.where(grow, np.minimum(latest, np.maximum(best_start, 2 * window - a + 1)),
                           window)
-        message = f"column generation stopped after {rounds} rounds"
+        message = f"column and cut generation stopped after {rounds} rounds"
     return LPBound(status, bound, None, None, 0, rounds, time.perf_counter() - started, message)
 
 
 # ------------------------------------------------------------------- solvers
 def solve(inst: Instance, hint_starts, solver: str = "cpsat_cumulative",
           time_limit_s: float = 10.0, workers: int = 1, symmetry_breaking: bool = True,
-          tail_disjunction: bool = True) -> SolveResult:
+          tail_disjunction: bool = True, tail_families: bool = True) -> SolveResult:
     """Minimise TEL; ``hint_starts`` (a feasible schedule) bounds the horizon and warm-starts.
 
     The returned ``objective``/``starts`` are never worse than the hint.
@@ -314,10 +427,10 @@ def solve(inst: Instance, hint_starts, solver: str = "cpsat_cumulative",
     started = time.perf_counter()
     if solver == "cpsat":
         result = _solve_cpsat(inst, latest, hint, time_limit_s, workers, symmetry_breaking,
-                              tail_disjunction, cumulative=False)
+                              tail_disjunction, tail_families, cumulative=False)
     elif solver == "cpsat_cumulative":
         result = _solve_cpsat(inst, latest, hint, time_limit_s, workers, symmetry_breaking,
-                              tail_disjunction, cumulative=True)
+                              tail_disjunction, tail_families, cumulative=True)
     elif solver == "highs":
         result = _solve_highs(inst, latest, hint, time_limit_s, workers)
     else:
@@ -330,7 +443,7 @@ def solve(inst: Instance, hint_starts, solver: str = "cpsat_cumulative",
 
 
 def _solve_cpsat(inst, latest, hint, time_limit_s, workers, symmetry_breaking, tail_disjunction,
-                 cumulative):
+                 tail_families, cumulative):
     from ortools.sat.python import cp_model
 
     a, s, o = inst.arrival, inst.prompt_len, inst.output_len
@@ -376,6 +489,11 @@ def _solve_cpsat(inst, latest, hint, time_limit_s, workers, symmetry_breaking, t
                  for i in range(len(inst)) if first_heavy[i] <= o[i]]
         if len(tails) > 1:
             model.add_no_overlap(tails)
+    if tail_families:
+        for f, (members, heads) in enumerate(disjoint_tails(inst)):
+            model.add_no_overlap([
+                model.new_fixed_size_interval_var(p[i] + int(h), int(o[i] - h), f"f{f}_{i}")
+                for i, h in zip(members, heads, strict=True)])
     if symmetry_breaking:
         for group in symmetry_groups(inst):
             for i, j in itertools.pairwise(group):

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import sparse
 from scipy.optimize import linprog
 
 from policies.hindsight import (
     Instance,
+    disjoint_tails,
     exhaustive_optimum,
     is_feasible,
     kv_profile,
     latest_starts,
     lp_bound,
+    max_overlap,
     solve,
     symmetry_groups,
+    tail_rows,
     tel,
     time_indexed,
 )
@@ -99,27 +104,77 @@ def test_highs_matches_exhaustive_in_its_own_process():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def test_lp_bound_never_exceeds_optimum():
+@pytest.mark.parametrize("tail_cuts", [False, True])
+def test_lp_bound_never_exceeds_optimum(tail_cuts):
     gaps = []
     for inst in tiny_instances(40, seed=11):
         starts, engine_tel = mcsf_starts(inst)
         best = exhaustive_optimum(inst)[0]
         for upper in (None, engine_tel):
-            lp = lp_bound(inst, upper)
+            lp = lp_bound(inst, upper, tail_cuts=tail_cuts)
             assert lp.status == "optimal" and lp.bound <= best
         gaps.append(best - lp.bound)
     assert max(gaps) > 0  # the relaxation is not trivially tight on these instances
 
 
-def full_horizon_lp(inst: Instance) -> float:
+def test_tail_cuts_close_the_gap_on_requests_that_cannot_overlap():
+    # Three (1, 8) with M = 10: any two together exceed M before either completes, so they
+    # run one after another: TEL = 8 + 16 + 24. The plain LP spreads them over many starts.
+    inst = Instance([1, 1, 1], [8, 8, 8], [0, 0, 0], 10)
+    assert exhaustive_optimum(inst)[0] == 48
+    assert lp_bound(inst, tail_cuts=False).bound == 42
+    assert lp_bound(inst, tail_cuts=True).bound == 48
+
+
+def test_max_overlap_matches_pairs_placed_by_hand():
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        kv = int(rng.integers(6, 16))
+        s = rng.integers(1, 4, size=2)
+        o = np.array([rng.integers(1, kv - si + 1) for si in s])
+        inst = Instance(s, o, [0, 0], kv)
+        expected = 0
+        for d in range(o[0] + 1):  # request 1 starts d rounds after request 0
+            if is_feasible(inst, [0, d]):
+                expected = max(expected, min(o[0], d + o[1]) - d)
+        assert max_overlap(inst)[0, 1] == expected
+
+
+def test_disjoint_tails_never_overlap_in_a_feasible_schedule():
+    rng = np.random.default_rng(4)
+    checked = 0
+    for _ in range(25):
+        n, kv = int(rng.integers(2, 4)), int(rng.integers(5, 9))
+        s = rng.integers(1, 3, size=n)
+        o = np.array([rng.integers(1, min(5, kv - si) + 1) for si in s])
+        inst = Instance(s, o, np.zeros(n, dtype=int), kv)
+        families = disjoint_tails(inst)
+        last = int(o.sum())
+        for starts in itertools.product(range(last + 1), repeat=n):
+            if not is_feasible(inst, starts):
+                continue
+            for members, heads in families:
+                first = np.asarray(starts)[members] + heads
+                end = np.asarray(starts)[members] + o[members]
+                order = np.argsort(first)
+                assert np.all(end[order][:-1] <= first[order][1:]), (inst, starts, members)
+                checked += 1
+    assert checked > 1000
+
+
+def full_horizon_lp(inst: Instance, tail_cuts: bool) -> float:
     model = time_indexed(inst, latest_starts(inst))
-    result = linprog(model.start.astype(float), A_ub=model.memory,
-                     b_ub=np.full(model.n_rounds, inst.kv_capacity), A_eq=model.assign,
-                     b_eq=np.ones(len(inst)), bounds=(0, 1), method="highs")
+    cuts = [tail_rows(inst, model, members, heads)
+            for members, heads in (disjoint_tails(inst) if tail_cuts else [])]
+    result = linprog(model.start.astype(float), A_ub=sparse.vstack([model.memory, *cuts]),
+                     b_ub=np.concatenate([np.full(model.n_rounds, inst.kv_capacity),
+                                          np.ones(model.n_rounds * len(cuts))]),
+                     A_eq=model.assign, b_eq=np.ones(len(inst)), bounds=(0, 1), method="highs")
     return result.fun + inst.output_len.sum() - inst.arrival.sum()
 
 
-def test_column_generation_reaches_the_full_horizon_lp():
+@pytest.mark.parametrize("tail_cuts", [False, True])
+def test_column_and_cut_generation_reach_the_full_horizon_lp(tail_cuts):
     rng = np.random.default_rng(5)
     for k in range(12):
         n, kv = int(rng.integers(3, 9)), int(rng.integers(10, 25))
@@ -127,9 +182,9 @@ def test_column_generation_reaches_the_full_horizon_lp():
         o = np.array([rng.integers(1, kv - si + 1) for si in s])
         a = rng.integers(0, 6, size=n) if k % 2 else np.zeros(n, dtype=int)
         inst = Instance(s, o, a, kv)
-        lp = lp_bound(inst)
+        lp = lp_bound(inst, tail_cuts=tail_cuts)
         assert lp.status == "optimal"
-        assert lp.value == pytest.approx(full_horizon_lp(inst), abs=1e-6)
+        assert lp.value == pytest.approx(full_horizon_lp(inst, tail_cuts), abs=1e-6)
         assert lp.bound == np.ceil(lp.value - 1e-6)
         assert np.all(lp.mean_start >= inst.arrival - 1e-9)
 

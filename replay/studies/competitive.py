@@ -114,7 +114,8 @@ def run_trial(trial: int, seed: int, params: dict) -> dict:
                    tail_disjunction=params["tail_disjunction"])
     bounds = {"solver": result.bound}
     if params["lp_bound"]:
-        lp = lp_bound(inst, best_known[1], time_limit_s=params["lp_time_limit_s"])
+        lp = lp_bound(inst, best_known[1], time_limit_s=params["lp_time_limit_s"],
+                      tail_cuts=params["lp_tail_cuts"])
         bounds["lp"] = lp.bound
         row["lp_time_s"] = lp.solve_time_s
     known = {k: v for k, v in bounds.items() if v is not None}
@@ -138,13 +139,14 @@ def run_trial(trial: int, seed: int, params: dict) -> dict:
 
 def _study_params(trials, online, kv_tokens, n_requests, horizon, rate, prompt_max, solver,
                   time_limit_s, solver_threads, symmetry_breaking, tail_disjunction, lp_bound,
-                  lp_time_limit_s, seed, quick) -> dict:
+                  lp_time_limit_s, lp_tail_cuts, seed, quick) -> dict:
     params = {"trials": trials, "online": online, "kv_tokens": list(kv_tokens),
               "n_requests": list(n_requests), "horizon": list(horizon), "rate": list(rate),
               "prompt_max": prompt_max, "solver": solver, "time_limit_s": time_limit_s,
               "solver_threads": solver_threads, "symmetry_breaking": symmetry_breaking,
               "tail_disjunction": tail_disjunction,
-              "lp_bound": lp_bound, "lp_time_limit_s": lp_time_limit_s, "seed": seed,
+              "lp_bound": lp_bound, "lp_time_limit_s": lp_time_limit_s,
+              "lp_tail_cuts": lp_tail_cuts, "seed": seed,
               "quick": quick}
     if quick:
         params.update({k: list(v) if isinstance(v, tuple) else v for k, v in QUICK.items()})
@@ -172,13 +174,15 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
               prompt_max: int = 5, solver: str = "cpsat_cumulative", time_limit_s: float = 10.0,
               solver_threads: int = 1, symmetry_breaking: bool = True,
               tail_disjunction: bool = True, lp_bound: bool = True,
-              lp_time_limit_s: float = 30.0, workers: int = 2, quick: bool = False,
+              lp_time_limit_s: float = 30.0, lp_tail_cuts: bool = True, workers: int = 2,
+              quick: bool = False,
               progress: bool = True) -> dict:
     """Run the trials (``workers`` processes), then write histograms and the summary."""
     out_dir = Path(out_dir)
     params = _study_params(trials, online, kv_tokens, n_requests, horizon, rate, prompt_max,
                            solver, time_limit_s, solver_threads, symmetry_breaking,
-                           tail_disjunction, lp_bound, lp_time_limit_s, int(cfg.seed), quick)
+                           tail_disjunction, lp_bound, lp_time_limit_s, lp_tail_cuts,
+                           int(cfg.seed), quick)
     done = _finished_trials(out_dir, params)
     finished = set() if done is None else set(done["trial"].astype(int))
     todo = [t for t in range(params["trials"]) if t not in finished]
