@@ -19,6 +19,16 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
+def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:
+    """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV."""
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+    numbers.to_csv(out.with_suffix(".csv"), index=index)
+    return out
+
+
 def kv_timeline(iterations: pd.DataFrame) -> pd.DataFrame:
     """KV held over time: one row per step with its end time, peak KV and whether it failed."""
     return pd.DataFrame({
@@ -56,12 +66,7 @@ def plot_kv_timelines(runs: Sequence[tuple[str, pd.DataFrame, int]], out: Path,
     ax.set_ylabel("KV held (token slots)")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
-    pd.concat(frames).to_csv(out.with_suffix(".csv"), index=False)
-    return out
+    return save_figure(fig, out, pd.concat(frames))
 
 
 def latency_of_first_n(requests: pd.DataFrame, ns: Sequence[int]) -> pd.DataFrame:
@@ -110,7 +115,6 @@ def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[
         curve["status"] = summary["status"]
         table.append(curve)
     data = pd.concat(table, ignore_index=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for rate, group in data.groupby("rate"):
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -130,12 +134,7 @@ def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[
         ax.set_ylabel("average end-to-end latency (s)")
         ax.set_title(f"Average latency vs n, arrival rate {rate}/s")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        out = out_dir / f"latency_vs_n_rate{rate:g}.png"
-        fig.savefig(out, dpi=150)
-        plt.close(fig)
-        group.to_csv(out.with_suffix(".csv"), index=False)
-        written.append(out)
+        written.append(save_figure(fig, out_dir / f"latency_vs_n_rate{rate:g}.png", group))
     return written
 
 
@@ -161,13 +160,7 @@ def plot_metric_bars(sweep_dir: Path, out_dir: Path, metric: str = "tel") -> lis
     for y, value in enumerate(table[metric]):
         ax.text(value, y, f" {value:g}", va="center")
     ax.set_xlabel(metric)
-    fig.tight_layout()
-    out = out_dir / f"{metric}.png"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
-    table.to_csv(out.with_suffix(".csv"), index=False)
-    return [out]
+    return [save_figure(fig, out_dir / f"{metric}.png", table)]
 
 
 def _select(config: dict, dotted: str):
@@ -214,13 +207,7 @@ def plot_seed_statistics(sweep_dir: Path, out_dir: Path) -> list[Path]:
     ax.set_ylabel("average latency (s), mean +- std over seeds")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / "seed_statistics.png"
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
-    stats.to_csv(out.with_suffix(".csv"))
-    return [out]
+    return [save_figure(fig, out_dir / "seed_statistics.png", stats, index=True)]
 
 
 def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> list[Path]:
@@ -228,7 +215,6 @@ def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> lis
     ``series``, one figure per arrival rate. Livelocked runs are left out of the lines and
     listed in the CSV."""
     table = sweep_table(sweep_dir, {"x": x, "series": series, "rate": "arrivals.rate"})
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     short = {name: name.rsplit(".", 1)[-1] for name in (x, series)}
     for rate, group in table.groupby("rate"):
@@ -242,13 +228,8 @@ def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> lis
         ax.set_ylabel("average end-to-end latency (s)")
         ax.set_title(f"alpha/beta-clearing, arrival rate {rate:g}/s")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        out = out_dir / f"latency_vs_{short[x]}_rate{rate:g}.png"
-        fig.savefig(out, dpi=150)
-        plt.close(fig)
-        group.rename(columns={"x": x, "series": series}).to_csv(out.with_suffix(".csv"),
-                                                                  index=False)
-        written.append(out)
+        written.append(save_figure(fig, out_dir / f"latency_vs_{short[x]}_rate{rate:g}.png",
+                                   group.rename(columns={"x": x, "series": series})))
     return written
 
 

@@ -48,6 +48,17 @@ def tiny_instances(count: int, seed: int = 7):
         yield Instance(s, o, a, kv)
 
 
+def random_instance(rng, n: tuple[int, int], kv: tuple[int, int], max_arrival: int = 0
+                    ) -> Instance:
+    """``n`` requests with ``s ~ U{1..3}``, ``o ~ U{1..M - s}`` and arrivals in
+    ``0..max_arrival - 1`` (all at 0 when ``max_arrival`` is 0)."""
+    count, capacity = int(rng.integers(*n)), int(rng.integers(*kv))
+    s = rng.integers(1, 4, size=count)
+    o = np.array([rng.integers(1, capacity - si + 1) for si in s])
+    a = rng.integers(0, max_arrival, size=count) if max_arrival else np.zeros(count, dtype=int)
+    return Instance(s, o, a, capacity)
+
+
 def mcsf_starts(inst: Instance) -> tuple[np.ndarray, float]:
     requests = Requests(inst.prompt_len, inst.output_len, arrival=inst.arrival.astype(float))
     result = Engine(requests, MCSF(EvictLIFO()), UnitTiming(), explicit(inst.kv_capacity)).run()
@@ -177,11 +188,7 @@ def full_horizon_lp(inst: Instance, tail_cuts: bool) -> float:
 def test_column_and_cut_generation_reach_the_full_horizon_lp(tail_cuts):
     rng = np.random.default_rng(5)
     for k in range(12):
-        n, kv = int(rng.integers(3, 9)), int(rng.integers(10, 25))
-        s = rng.integers(1, 4, size=n)
-        o = np.array([rng.integers(1, kv - si + 1) for si in s])
-        a = rng.integers(0, 6, size=n) if k % 2 else np.zeros(n, dtype=int)
-        inst = Instance(s, o, a, kv)
+        inst = random_instance(rng, n=(3, 9), kv=(10, 25), max_arrival=6 if k % 2 else 0)
         lp = lp_bound(inst, tail_cuts=tail_cuts)
         assert lp.status == "optimal"
         assert lp.value == pytest.approx(full_horizon_lp(inst, tail_cuts), abs=1e-6)
@@ -249,17 +256,14 @@ def test_engine_replays_the_optimal_schedule_with_its_tel(seed):
     # The program's schedule is feasible in the engine's physics and has the TEL it claims.
     rng = np.random.default_rng(seed)
     for k in range(6):
-        n, kv = int(rng.integers(4, 9)), int(rng.integers(12, 25))
-        s = rng.integers(1, 4, size=n)
-        o = np.array([rng.integers(1, kv - si + 1) for si in s])
-        a = rng.integers(0, 4, size=n) if k % 2 else np.zeros(n, dtype=int)
-        inst = Instance(s, o, a, kv)
+        inst = random_instance(rng, n=(4, 9), kv=(12, 25), max_arrival=4 if k % 2 else 0)
+        s, o, a, n = inst.prompt_len, inst.output_len, inst.arrival, len(inst)
         hint, _ = mcsf_starts(inst)
         result = solve(inst, hint, solver="cpsat_cumulative", time_limit_s=20)
         requests = Requests(s, o, arrival=a.astype(float))
         order = np.lexsort((np.arange(n), a))
         replay = Engine(requests, FixedStarts(result.starts[order]), UnitTiming(),
-                        explicit(kv)).run()
+                        explicit(inst.kv_capacity)).run()
         assert replay.status == "completed"
         assert replay.requests["evictions"].sum() == 0
         assert replay.requests["start"].tolist() == result.starts.tolist()
