@@ -10,13 +10,16 @@ called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from replay.errors import InputError
 from replay.run import run
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -25,10 +28,18 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    if cfg.get("study") is not None:
-        summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
-    else:
-        summary = run(cfg, out_dir)
+    try:
+        if cfg.get("study") is not None:
+            summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
+        else:
+            summary = run(cfg, out_dir)
+    except (InputError, InstantiationException) as exc:
+        # Bad input, not a bug: the message names the file, row and field (and, when a
+        # component rejects its config, the config key); no traceback.
+        if not isinstance(exc, InputError) and not isinstance(exc.__cause__, InputError):
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     print(json.dumps(summary, default=str), flush=True)
     return summary
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replay.errors import InputError
 
-class ArrivalError(ValueError):
+
+class ArrivalError(InputError, ValueError):
     """An arrival process that cannot produce the requested times."""
 
 

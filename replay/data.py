@@ -11,6 +11,8 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
+from replay.errors import InputError
+
 FETCH_HINT = (
     "Set the data directory with the environment variable KVSCHED_DATA_DIR or the "
     "option data_dir=/path/to/data, or download the files there with "
@@ -19,7 +21,7 @@ FETCH_HINT = (
 )
 
 
-class MissingDataError(FileNotFoundError):
+class MissingDataError(InputError, FileNotFoundError):
     """A data file the config names is not in the data directory."""
 
 

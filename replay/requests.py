@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from replay.errors import InputError
 
-class RequestError(ValueError):
+
+class RequestError(InputError, ValueError):
     """A request (or a row of a trace) the model cannot accept."""
 
 

@@ -76,3 +76,18 @@ def test_unknown_option_fails_with_hydra_message():
     proc = run_cli("policy=nope")
     assert proc.returncode != 0
     assert "policy/nope" in proc.stderr or "policy/nope" in proc.stdout
+
+
+def test_bad_input_is_one_error_line_without_traceback(tmp_path):
+    impossible = run_cli("kv.tokens=100", f"hydra.run.dir={tmp_path / 'a'}")
+    assert impossible.returncode == 2
+    assert "exceeds the KV capacity M = 100" in impossible.stderr
+    assert "Traceback" not in impossible.stderr + impossible.stdout
+    missing = run_cli("workload=lmsys", f"data_dir={tmp_path / 'nowhere'}",
+                      f"hydra.run.dir={tmp_path / 'b'}")
+    assert missing.returncode == 2
+    assert "file not found" in missing.stderr and "KVSCHED_DATA_DIR" in missing.stderr
+    assert "Traceback" not in missing.stderr + missing.stdout
+    rejected = run_cli("arrivals.rate=-1", f"hydra.run.dir={tmp_path / 'c'}")
+    assert rejected.returncode == 2
+    assert "arrivals.rate must be > 0" in rejected.stderr

@@ -10,6 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from replay.errors import InputError
 from replay.studies.competitive import COLUMNS, run_trial, sample_trial, summarize_trials
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -70,7 +71,7 @@ def test_rerun_with_other_parameters_is_refused(tmp_path):
     run(cfg, tmp_path)
     other = study_config("mcsf_vs_opt_offline_small", "study.quick=true", "study.workers=1",
                          "study.progress=false", "study.lp_bound=true")
-    with pytest.raises(ValueError, match="study with other parameters"):
+    with pytest.raises(InputError, match="study with other parameters"):
         run(other, tmp_path)
 
 

@@ -26,6 +26,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from replay.errors import InputError  # noqa: E402
 from replay.metrics import summarize  # noqa: E402
 from replay.plots import plot_kv_timelines  # noqa: E402
 from replay.run import build_and_run  # noqa: E402
@@ -79,7 +80,7 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
               alpha_stop: float, alpha_step: float, show_alpha: float,
               show_seconds: float | None = None) -> dict:
     if not cfg.policy._target_.endswith("AlphaProtection"):
-        raise ValueError("alpha search: needs policy=protection")
+        raise InputError("alpha search: needs policy=protection")
     out_dir.mkdir(parents=True, exist_ok=True)
     grid = np.round(np.arange(alpha_start, alpha_stop + alpha_step / 2, alpha_step), 4)
     csv_path = out_dir / "alpha_search.csv"

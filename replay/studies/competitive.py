@@ -45,6 +45,7 @@ from policies.hindsight import Instance, is_feasible, lp_bound, solve, tel
 from policies.mcsf import MCSF
 from replay.arrivals import AllAtOnce, PoissonRounds
 from replay.engine import Engine
+from replay.errors import InputError
 from replay.kv import explicit
 from replay.overflow import EvictLIFO
 from replay.requests import Requests
@@ -159,7 +160,7 @@ def _finished_trials(out_dir: Path, params: dict) -> pd.DataFrame | None:
     if study_file.is_file():
         previous = json.loads(study_file.read_text())
         if previous != params:
-            raise ValueError(f"{study_file}: this directory holds a study with other parameters "
+            raise InputError(f"{study_file}: this directory holds a study with other parameters "
                              f"({previous}); use a new output directory")
     else:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from replay.data import file_record, require_file
+from replay.errors import InputError
 from replay.timing import attention_7b
 from replay.timing.base import BatchShape
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
@@ -64,7 +65,7 @@ OUT_OF_RANGE_MODES = ("error", "extrapolate")
 ATTENTION_SOURCES = ("auto", "profile", "derived")
 
 
-class VidurRangeError(ValueError):
+class VidurRangeError(InputError, ValueError):
     """A batch lies outside the range the Vidur profiles cover (``out_of_range=error``)."""
 
 
