@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replay.errors import ConfigError
 from replay.policy import Batch, OverflowRule, PolicyView
 
 
@@ -25,7 +26,7 @@ class AlphaProtection:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha < 1.0:
-            raise ValueError(f"policy.alpha must be in [0, 1), got {self.alpha}")
+            raise ConfigError(f"policy.alpha must be in [0, 1), got {self.alpha}")
 
     def decide(self, view: PolicyView) -> Batch:
         waiting = view.waiting

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from replay.errors import ConfigError
+
 #: The MC-SF and Sorted-F papers' M for Llama-2-70B on 2 x A100-80GB (observed, not computed).
 PAPERS_LLAMA2_70B_2XA100_TOKENS = 16_492
 
@@ -22,10 +24,10 @@ class KVCapacity:
 
     def __post_init__(self) -> None:
         if self.tokens < 1:
-            raise ValueError(f"kv: capacity must be >= 1 token slot, got {self.tokens} "
+            raise ConfigError(f"kv: capacity must be >= 1 token slot, got {self.tokens} "
                              f"({self.mode}, {self.detail})")
         if self.block_size < 1:
-            raise ValueError(f"kv.block_size must be >= 1, got {self.block_size}")
+            raise ConfigError(f"kv.block_size must be >= 1, got {self.block_size}")
 
     def describe(self) -> dict:
         return asdict(self)
@@ -44,12 +46,12 @@ def explicit(tokens: int = PAPERS_LLAMA2_70B_2XA100_TOKENS, block_size: int = 1)
 def _from_bytes_per_token(mode: str, bytes_per_token: float, model, hardware, block_size: int,
                           activation_reserve: float) -> KVCapacity:
     if not 0.0 <= activation_reserve < 1.0:
-        raise ValueError(f"kv.activation_reserve must be in [0, 1), got {activation_reserve}")
+        raise ConfigError(f"kv.activation_reserve must be in [0, 1), got {activation_reserve}")
     gpu_bytes = hardware.num_gpus * hardware.gpu_memory_gb * 1e9
     weight_bytes = model.params * model.dtype_bytes
     free = gpu_bytes * (1.0 - activation_reserve) - weight_bytes
     if free <= 0:
-        raise ValueError(f"kv ({mode}): {model.name} weights ({weight_bytes / 1e9:.0f} GB) do not "
+        raise ConfigError(f"kv ({mode}): {model.name} weights ({weight_bytes / 1e9:.0f} GB) do not "
                          f"fit in {hardware.name} ({gpu_bytes / 1e9:.0f} GB)")
     tokens = int(free // bytes_per_token)
     detail = {"gpu_bytes": gpu_bytes, "weight_bytes": weight_bytes,

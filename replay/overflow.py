@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replay.errors import ConfigError
+
 
 class ClearAll:
     """Clear every holder (alpha-protection greedy)."""
@@ -31,7 +33,7 @@ class ClearEachWithProb:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.beta <= 1.0:
-            raise ValueError(f"overflow.beta must be in (0, 1], got {self.beta}")
+            raise ConfigError(f"overflow.beta must be in (0, 1], got {self.beta}")
 
     def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
         return holders[rng.random(holders.size) < self.beta]

@@ -48,7 +48,7 @@ class Target:
 
 #: Quick A3-based runs: few requests, a small M so memory binds, and a cheap Vidur grid
 #: (trains in seconds) so the quick run still goes through the Vidur backend.
-A3_QUICK = ("workload.n=150", "kv.tokens=1500",
+A3_QUICK = ("kv.tokens=1500",
             "timing.random_forest_grid={num_estimators:[8],max_depth:[8],min_samples_split:[2]}",
             "timing.k_fold_cv_splits=2")
 
@@ -68,16 +68,16 @@ TARGETS: dict[str, Target] = {
         "A3 + A5: 10,000 LMSYS conversations at 50/s and 10/s, Llama-2-70B on 2 x A100 with "
         "Vidur timing, M = 16,492: latency vs n for the eight policy settings, KV of MC-SF",
         ("experiment=a3",),
-        quick=A3_QUICK,
+        quick=(*A3_QUICK, "workload.n=150"),
         figures=(plot_latency_vs_n, plot_kv_of_sweep), needs_data=True),
     "a4": Target(
         "A4: n = 1,000 at 50/s on the A3 setup, 50 seeds per policy setting: mean, std, max, "
         "min of the average latency",
-        ("experiment=a4",), quick=(*A3_QUICK[1:], "workload.n=100", "seed=0,1,2"),
+        ("experiment=a4",), quick=(*A3_QUICK, "workload.n=100", "seed=0,1,2"),
         figures=(plot_seed_statistics,), needs_data=True),
     **{f"a6_{x}": Target(
         f"A6: alpha/beta-clearing's average latency vs {x} on the A3 setup, both demands",
-        (f"experiment=a6_{x}",), quick=(*A3_QUICK, quick_grid),
+        (f"experiment=a6_{x}",), quick=(*A3_QUICK, "workload.n=150", quick_grid),
         figures=(partial(plot_sensitivity, x=keys[0], series=keys[1]),), needs_data=True)
        for x, keys, quick_grid in (
            ("alpha", ("policy.alpha", "policy.overflow.beta"), "policy.alpha=0.1,0.3"),

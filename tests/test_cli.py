@@ -88,6 +88,8 @@ def test_bad_input_is_one_error_line_without_traceback(tmp_path):
     assert missing.returncode == 2
     assert "file not found" in missing.stderr and "KVSCHED_DATA_DIR" in missing.stderr
     assert "Traceback" not in missing.stderr + missing.stdout
-    rejected = run_cli("arrivals.rate=-1", f"hydra.run.dir={tmp_path / 'c'}")
-    assert rejected.returncode == 2
-    assert "arrivals.rate must be > 0" in rejected.stderr
+    for option, message in (("arrivals.rate=-1", "arrivals.rate must be > 0"),
+                            ("policy.alpha=1.5", "policy.alpha must be in [0, 1)")):
+        rejected = run_cli("policy=protection", option, f"hydra.run.dir={tmp_path / 'c'}")
+        assert rejected.returncode == 2, option
+        assert message in rejected.stderr

@@ -281,10 +281,9 @@ def format_summary(summary: dict) -> str:
 
 
 def plot_histograms(table: pd.DataFrame, out_dir: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from replay.plots import save_figure  # selects the Agg backend
 
     proven = table[table["status"] == "optimal"]
     solved = table[table["status"] != "empty"]
@@ -303,8 +302,4 @@ def plot_histograms(table: pd.DataFrame, out_dir: Path) -> None:
             ax.legend()
         ax.set_xlabel(label)
         ax.set_ylabel("trials")
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=120)
-        plt.close(fig)
-        frame[["trial", "status", *columns]].to_csv((out_dir / name).with_suffix(".csv"),
-                                                    index=False)
+        save_figure(fig, out_dir / name, frame[["trial", "status", *columns]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replay.errors import ConfigError
 from replay.timing.base import BatchShape
 
 
@@ -37,7 +38,7 @@ class LinearTiming:
 
     def __post_init__(self) -> None:
         if self.d0 < 0 or self.d1 < 0 or self.d2 < 0 or self.d0 + self.d1 + self.d2 <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"timing.linear: coefficients must be >= 0 and not all zero, got "
                 f"d0={self.d0}, d1={self.d1}, d2={self.d2}"
             )

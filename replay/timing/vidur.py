@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from replay.data import file_record, require_file
-from replay.errors import InputError
+from replay.errors import ConfigError, InputError
 from replay.timing import attention_7b
 from replay.timing.base import BatchShape
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
@@ -86,10 +86,10 @@ class VidurTiming:
                  limits: dict | None = None, out_of_range: str = "extrapolate",
                  attention: str = "auto", cache_dir: str = "~/.cache/kvsched/vidur") -> None:
         if out_of_range not in OUT_OF_RANGE_MODES:
-            raise ValueError(f"timing.out_of_range: must be one of {OUT_OF_RANGE_MODES}, "
+            raise ConfigError(f"timing.out_of_range: must be one of {OUT_OF_RANGE_MODES}, "
                              f"got {out_of_range!r}")
         if attention not in ATTENTION_SOURCES:
-            raise ValueError(f"timing.attention: must be one of {ATTENTION_SOURCES}, "
+            raise ConfigError(f"timing.attention: must be one of {ATTENTION_SOURCES}, "
                              f"got {attention!r}")
         self.spec = PredictorSpec(model_name=model, device=device, network_device=network_device,
                                   tensor_parallel=int(tensor_parallel), predictor=predictor,
@@ -99,7 +99,7 @@ class VidurTiming:
                                   random_state=int(random_state),
                                   limits=PredictionLimits(**dict(limits or {})))
         if self.spec.limits.max_prefill_chunk_size > self.spec.limits.max_tokens_per_request:
-            raise ValueError("timing.limits: max_prefill_chunk_size cannot exceed "
+            raise ConfigError("timing.limits: max_prefill_chunk_size cannot exceed "
                              "max_tokens_per_request")
         self.out_of_range = out_of_range
         self.cache_dir = Path(cache_dir).expanduser()
@@ -138,7 +138,7 @@ class VidurTiming:
                 measured, fetch_hint("attention", spec.model_name, spec.device)), all_reduce)
             return files, {"source": "measured Vidur profile", "file": file_record(measured)}
         if not derivable:
-            raise ValueError(f"timing.attention=derived: a derived attention table exists "
+            raise ConfigError(f"timing.attention=derived: a derived attention table exists "
                              f"only for {attention_7b.TARGET_SHAPE['model']}, not "
                              f"{spec.model_name}")
         source_model = attention_7b.SOURCE_SHAPE["model"]

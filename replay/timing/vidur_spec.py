@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from replay.errors import ConfigError
+
 # Vidur's default random-forest grid (RandomForrestExecutionTimePredictorConfig).
 RANDOM_FOREST_GRID = {"num_estimators": [250, 500, 750], "max_depth": [8, 16, 32],
                       "min_samples_split": [2, 5, 10]}
@@ -39,14 +41,14 @@ class PredictionLimits:
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if int(value) != value or value < 1:
-                raise ValueError(f"timing.limits.{name}: must be a positive integer, "
+                raise ConfigError(f"timing.limits.{name}: must be a positive integer, "
                                  f"got {value!r}")
         if self.max_tokens_per_request % self.kv_granularity:
-            raise ValueError(f"timing.limits: max_tokens_per_request "
+            raise ConfigError(f"timing.limits: max_tokens_per_request "
                              f"({self.max_tokens_per_request}) must be a multiple of "
                              f"kv_granularity ({self.kv_granularity})")
         if self.max_prefill_chunk_size % 32 or self.max_tokens_per_request % 8:
-            raise ValueError("timing.limits: max_prefill_chunk_size must be a multiple of "
+            raise ConfigError("timing.limits: max_prefill_chunk_size must be a multiple of "
                              "32 and max_tokens_per_request of 8 (Vidur's rounding steps)")
 
 
@@ -71,11 +73,11 @@ class PredictorSpec:
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
-            raise ValueError(f"timing.predictor: must be one of {PREDICTORS}, "
+            raise ConfigError(f"timing.predictor: must be one of {PREDICTORS}, "
                              f"got {self.predictor!r}")
         unknown = set(self.grid) - set(self._default_grid())
         if unknown:
-            raise ValueError(f"timing.{self.predictor}_grid: unknown keys {sorted(unknown)} for "
+            raise ConfigError(f"timing.{self.predictor}_grid: unknown keys {sorted(unknown)} for "
                              f"predictor={self.predictor}; allowed: "
                              f"{sorted(self._default_grid())}")
 
