@@ -27,6 +27,7 @@ from scipy.optimize import nnls
 
 from replay.timing.base import BatchShape
 from replay.timing.shapes import MODEL_HARDWARE, compose_timing
+from replay.timing.simple import LinearTiming
 
 DECODE_SHARE = 0.8
 
@@ -54,14 +55,8 @@ def batch_mix(rng: np.random.Generator, n: int) -> list[BatchShape]:
     return batches
 
 
-def features(batch: BatchShape) -> list[float]:
-    """The regressors of ``LinearTiming``: 1, KV tokens touched, prefill tokens."""
-    return [1.0, float(batch.context.sum() + batch.new_tokens.sum()),
-            float(batch.new_tokens[batch.is_prefill].sum())]
-
-
 def fit(timing, batches: list[BatchShape]) -> dict:
-    design = np.array([features(b) for b in batches])
+    design = np.array([(1.0, *LinearTiming.terms(b)) for b in batches], dtype=float)
     target = np.array([timing.duration(b) for b in batches])
     coef, _ = nnls(design / target[:, None], np.ones_like(target))
     relative = np.abs(design @ coef - target) / target

@@ -43,9 +43,14 @@ class LinearTiming:
                 f"d0={self.d0}, d1={self.d1}, d2={self.d2}"
             )
 
+    @staticmethod
+    def terms(batch: BatchShape) -> tuple[int, int]:
+        """``(KV tokens touched, prefill tokens)``: the model's regressors besides 1."""
+        return (int(batch.context.sum() + batch.new_tokens.sum()),
+                int(batch.new_tokens[batch.is_prefill].sum()))
+
     def duration(self, batch: BatchShape) -> float:
-        touched = int(batch.context.sum() + batch.new_tokens.sum())
-        prefill = int(batch.new_tokens[batch.is_prefill].sum())
+        touched, prefill = self.terms(batch)
         return self.d0 + self.d1 * touched + self.d2 * prefill
 
     def describe(self) -> dict:
