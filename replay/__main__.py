@@ -20,12 +20,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from replay.errors import InputError
-from replay.run import run
-
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+from replay.run import CONFIG_DIR, run
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from replay.run import build_and_run
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from replay.run import build_and_run, compose_config
 
 
 def main() -> None:
@@ -29,21 +24,20 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'policy':<12}{'rate/s':>8}{'iterations':>12}{'wall s':>9}{'req/wall-s':>12}"
           f"{'decide us/step':>16}")
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        for policy in args.policies.split(","):
-            for rate in args.rates.split(","):
-                cfg = compose(config_name="config", overrides=[
-                    "workload=lmsys_synthetic", "timing=linear", f"policy={policy}",
-                    "arrivals=poisson", f"arrivals.rate={rate}", f"workload.n={args.n}",
-                    *args.overrides])
-                best = float("inf")
-                for _ in range(args.repeat):
-                    started = time.perf_counter()
-                    result, _, _ = build_and_run(cfg)
-                    best = min(best, time.perf_counter() - started)
-                steps = len(result.iterations)
-                print(f"{policy:<12}{rate:>8}{steps:>12}{best:>9.2f}{args.n / best:>12.0f}"
-                      f"{1e6 * result.decision_time_s / steps:>16.1f}")
+    for policy in args.policies.split(","):
+        for rate in args.rates.split(","):
+            cfg = compose_config([
+                "workload=lmsys_synthetic", "timing=linear", f"policy={policy}",
+                "arrivals=poisson", f"arrivals.rate={rate}", f"workload.n={args.n}",
+                *args.overrides])
+            best = float("inf")
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                result, _, _ = build_and_run(cfg)
+                best = min(best, time.perf_counter() - started)
+            steps = len(result.iterations)
+            print(f"{policy:<12}{rate:>8}{steps:>12}{best:>9.2f}{args.n / best:>12.0f}"
+                  f"{1e6 * result.decision_time_s / steps:>16.1f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from replay.plots import (
     plot_seed_statistics,
     plot_sensitivity,
 )
+from replay.run import CONFIG_DIR
 
 
 def study_figures(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -33,7 +34,6 @@ def study_figures(run_dir: Path, out_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("*.png"))
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / "configs"
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ TARGETS: dict[str, Target] = {
 
 
 def newest_config_mtime() -> float:
-    return max(p.stat().st_mtime for p in CONFIGS.rglob("*.yaml"))
+    return max(p.stat().st_mtime for p in CONFIG_DIR.rglob("*.yaml"))
 
 
 def run_target(name: str, quick: bool = False, force: bool = False,

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +25,9 @@ from replay.metrics import summarize
 from replay.requests import RequestError, Requests
 
 log = logging.getLogger(__name__)
+
+#: The Hydra config tree of the project (``configs/`` at the repository root).
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 RECORDED_PACKAGES = ("kvsched", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf",
                      "scipy", "highspy", "ortools", "scikit-learn", "vidur")
@@ -37,6 +41,12 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def compose_config(overrides=()) -> DictConfig:
+    """The config ``python -m replay OVERRIDES`` would run, for scripts and tests."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def make_requests(workload, arrivals, seed: int, time_unit: str) -> Requests:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from replay.errors import InputError
+from replay.run import compose_config
 from replay.studies.competitive import COLUMNS, run_trial, sample_trial, summarize_trials
-
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 
 def study_config(name: str, *overrides: str):
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        return compose(config_name="config", overrides=[f"experiment={name}", *overrides])
+    return compose_config([f"experiment={name}", *overrides])
 
 
 def run(cfg, out_dir):

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
 
-from tests.conftest import DATA_DIR, REPO
+from replay.run import CONFIG_DIR, compose_config
+from tests.conftest import DATA_DIR
 
-CONFIGS = REPO / "configs"
+CONFIGS = CONFIG_DIR
 GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONFIGS / g).glob("*.yaml"))]
 #: Components that need the data directory (or a slow predictor build) to instantiate.
@@ -19,9 +19,7 @@ NEEDS_DATA = {("timing", "vidur")}
 
 
 def compose_with(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="config",
-                       overrides=[f"data_dir={DATA_DIR}", *overrides])
+    return compose_config([f"data_dir={DATA_DIR}", *overrides])
 
 
 def test_there_is_something_to_check():

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from replay.metrics import summarize
-from replay.run import build_and_run
-from tests.conftest import REPO
+from replay.run import build_and_run, compose_config
 
 
 def replay_a3_small(*overrides: str) -> dict:
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["experiment=a3_small", *overrides])
+    cfg = compose_config(["experiment=a3_small", *overrides])
     result, _, _ = build_and_run(cfg)
     summary = summarize(result)
     assert summary.pop("decision_time_s") > 0

@@ -7,14 +7,13 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from scipy.stats import norm
 
 from replay.arrivals import AllAtOnce, ArrivalError, PiecewisePoisson, Poisson, TraceTimestamps
 from replay.data import MissingDataError
 from replay.requests import RequestError
-from replay.run import make_requests, run
+from replay.run import CONFIG_DIR, compose_config, make_requests, run
 from replay.workloads import (
     CsvTrace,
     FittedLognormal,
@@ -24,17 +23,15 @@ from replay.workloads import (
     discretised_lognormal_mean,
     fit_lognormal_lengths,
 )
-from tests.conftest import DATA_DIR, REPO
+from tests.conftest import DATA_DIR
 
-CONFIGS = REPO / "configs"
 TRACE_WORKLOADS = ["lmsys", "arxiv", "sharegpt", "splitwise_conv", "splitwise_code", "mixed"]
 GENERATED_WORKLOADS = ["synthetic", "lmsys_synthetic", "fixed"]
 LMSYS_FILE = "lmsys_chat_1m_words_in_lt257_out_lt257.csv"
 
 
 def compose_with(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="config", overrides=[f"data_dir={DATA_DIR}", *overrides])
+    return compose_config([f"data_dir={DATA_DIR}", *overrides])
 
 
 def workload(*overrides: str):
@@ -58,7 +55,7 @@ def write_csv(tmp_path, text: str, name: str = "trace.csv"):
 
 
 def test_every_workload_config_is_covered():
-    names = {p.stem for p in (CONFIGS / "workload").glob("*.yaml")}
+    names = {p.stem for p in (CONFIG_DIR / "workload").glob("*.yaml")}
     assert names == set(TRACE_WORKLOADS) | set(GENERATED_WORKLOADS) | {"csv"}
 
 

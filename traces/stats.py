@@ -12,20 +12,13 @@ import sys
 
 import numpy as np
 import pandas as pd
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.__main__ import CONFIG_DIR
 from replay.requests import Requests
-from replay.run import make_requests
+from replay.run import compose_config, make_requests
 
 STATISTICS = ("count", "mean", "median", "p90", "p99", "max")
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def workload_requests(cfg: DictConfig) -> Requests:

@@ -21,20 +21,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from replay.run import compose_config
 from replay.timing.base import BatchShape
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 MODEL_HARDWARE = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"))
 
 
 def compose_timing(model: str, hardware: str, overrides=(), timing: str = "vidur"):
     """The timing backend the replay would build for ``model`` on ``hardware``."""
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={model}", f"hardware={hardware}",
-                                           f"timing={timing}", *overrides])
+    cfg = compose_config([f"model={model}", f"hardware={hardware}", f"timing={timing}",
+                          *overrides])
     return instantiate(cfg.timing)
 
 
