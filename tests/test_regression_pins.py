@@ -1,0 +1,55 @@
+"""Outputs pinned by hash: engine changes must leave existing results identical.
+
+The hashes were computed with the engine as it was before the preemption modes,
+the requeue option and the TBT metrics existed (commit 934df86). Under the
+defaults (``engine.preemption=restart``, ``engine.requeue=front``) every column
+that existed then must be unchanged, bit for bit. New columns are not pinned.
+If a deliberate change of semantics moves a pin, say so in the commit message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import pytest
+
+from replay.run import build_and_run, compose_config
+
+REQUEST_COLUMNS = ["request_id", "source_row", "arrival", "prompt_len", "output_len", "start",
+                   "first_token", "completion", "evictions", "tokens_generated", "latency",
+                   "ttft", "completed"]
+ITERATION_COLUMNS = ["start_time", "duration", "batch_size", "n_started", "prefill_tokens",
+                     "decode_requests", "kv_peak", "kv_after", "n_completed", "n_evicted",
+                     "failed"]
+SMALL = ["arrivals.rate=50", "workload.n=600", "kv.tokens=3000"]
+
+PINNED = {
+    "fcfs_linear_50": (["policy=fcfs", *SMALL], "completed",
+                       "7b07c97bf23f4a67", "63869e5a001c9928"),
+    "mcsf_linear_50": (["policy=mcsf", *SMALL], "completed",
+                       "b210341e7ca71d6e", "d5d993ea250c0cd8"),
+    "protection_linear_50": (["policy=protection", "policy.alpha=0.3", *SMALL], "livelock",
+                             "2b2da43699fbc9b4", "33a20cdddfb390c9"),
+    "clearing_linear_50": (["policy=clearing", *SMALL, "seed=3"], "completed",
+                           "05809406310e4af1", "68af619c3f077da3"),
+    "mcsf_unit_rounds": (["policy=mcsf", "timing=unit", "arrivals=poisson_rounds",
+                          "arrivals.rate=3", "arrivals.horizon=60", "workload=synthetic",
+                          "kv.tokens=100"], "completed", "b4317568e46363d3", "a89c59399d10333f"),
+    "fcfs_paged": (["policy=fcfs", "arrivals.rate=50", "workload.n=400", "kv.tokens=4200",
+                    "kv.block_size=16"], "completed", "757547876468d36c", "0745edd0e9974c4d"),
+}
+
+
+def digest(frame: pd.DataFrame) -> str:
+    rows = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    return hashlib.sha256(rows.tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("name", PINNED)
+def test_default_semantics_reproduce_pinned_outputs(name):
+    overrides, status, requests_hash, iterations_hash = PINNED[name]
+    result, _, _ = build_and_run(compose_config(overrides))
+    assert result.status == status
+    assert digest(result.requests[REQUEST_COLUMNS]) == requests_hash
+    assert digest(result.iterations[ITERATION_COLUMNS]) == iterations_hash
