@@ -7,6 +7,18 @@ the iteration against ``M`` (applying the policy's overflow rule and charging
 the failed attempt if it does not fit), prices the iteration with the timing
 backend, and advances every request in the batch.
 
+Two semantics are options (MODEL.md §3.4), both recorded in every summary:
+
+* ``preemption``: what an evicted or preempted request keeps. ``restart`` (the
+  papers' model): nothing; it prefills its prompt again. ``recompute``
+  (vLLM's): the tokens it emitted; readmitted, it prefills ``s + generated``
+  tokens in one attempt (chunkable), the last prefill iteration emits its next
+  token, and it continues. Its first-token time and token gaps carry over.
+* ``requeue``: where it re-enters the waiting queue. ``front``: at its original
+  arrival position; ``back``: behind everything waiting, as if newly arrived.
+  The queue order is a per-request key assigned when a request enters the
+  queue (arrival, or ``back`` requeue); the view's ``waiting`` is in key order.
+
 State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
 workload position), so each step costs a handful of vectorised operations over
 the batch and the waiting queue, never over the whole trace.
@@ -21,12 +33,16 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from replay.errors import ConfigError
+from replay.histogram import LogHistogram
 from replay.kv import KVCapacity
 from replay.policy import Batch, Policy, PolicyView
 from replay.requests import Requests
 from replay.timing.base import BatchShape, TimingBackend
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+PREEMPTION_MODES = ("restart", "recompute")
+REQUEUE_POSITIONS = ("front", "back")
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -43,6 +59,8 @@ class RunResult:
     scheduled nothing although work remained and no arrival was left) or
     ``"step_limit"``. Tables hold the metrics up to the end of the run.
     ``decision_time_s`` is the wall time spent inside the policy's ``decide``.
+    ``token_gaps`` is the distribution of every time-between-tokens gap the
+    engine executed (see :class:`replay.histogram.LogHistogram`).
     """
 
     status: str
@@ -52,6 +70,9 @@ class RunResult:
     kv: KVCapacity
     livelock_window: int
     decision_time_s: float
+    preemption: str
+    requeue: str
+    token_gaps: LogHistogram
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -77,9 +98,17 @@ class Engine:
     def __init__(self, requests: Requests, policy: Policy, timing: TimingBackend,
                  kv: KVCapacity, seed: int = 0, livelock_window: int | None = None,
                  max_steps: int | None = None, progress: bool = False,
-                 validate_decisions: bool = True) -> None:
+                 validate_decisions: bool = True, preemption: str = "restart",
+                 requeue: str = "front") -> None:
         if requests.arrival is None:
             raise ValueError("Engine: requests have no arrival times; assign arrivals first")
+        if preemption not in PREEMPTION_MODES:
+            raise ConfigError(f"engine.preemption must be one of {PREEMPTION_MODES}, "
+                              f"got {preemption!r}")
+        if requeue not in REQUEUE_POSITIONS:
+            raise ConfigError(f"engine.requeue must be one of {REQUEUE_POSITIONS}, "
+                              f"got {requeue!r}")
+        self.preemption, self.requeue = preemption, requeue
         requests.validate(kv.tokens)
         self.requests = requests
         self.policy = policy
@@ -110,6 +139,8 @@ class Engine:
         self.type_id = np.asarray(types)[self.order].astype(np.int64)
 
         self.status = np.zeros(n, dtype=np.int8)
+        # Tokens the current attempt must prefill: s, or s + kept tokens after a recompute.
+        self.prefill_len = self.prompt_len.copy()
         self.prefilled = np.zeros(n, dtype=np.int64)
         self.generated = np.zeros(n, dtype=np.int64)
         self.held = np.zeros(n, dtype=np.int64)
@@ -118,6 +149,12 @@ class Engine:
         self.first_token_time = np.full(n, np.nan)
         self.completion_time = np.full(n, np.nan)
         self.evictions = np.zeros(n, dtype=np.int64)
+        self.last_token_time = np.full(n, np.nan)
+        self.max_token_gap = np.full(n, np.nan)
+        self.token_gaps = LogHistogram()
+        # Queue position: requests wait in ascending key; a key is given on entering the queue.
+        self.queue_key = np.arange(n, dtype=np.int64)
+        self._next_queue_key = n
         self._gain_scratch = np.zeros(n, dtype=np.int64)
 
     # ------------------------------------------------------------------ helpers
@@ -139,21 +176,37 @@ class Engine:
         return ids
 
     def _evict(self, victims: np.ndarray) -> int:
-        """Return running ``victims`` to the waiting queue with their progress lost."""
+        """Free the KV of running ``victims`` and return them to the waiting queue.
+
+        Under ``restart`` they lose every token; under ``recompute`` they keep the
+        tokens emitted so far and must prefill ``s + generated`` when readmitted.
+        """
         victims = victims[self.status[victims] == RUNNING]
         if victims.size == 0:
             return 0
         freed = int(self.held[victims].sum())
         self.status[victims] = WAITING
         self.prefilled[victims] = 0
-        self.generated[victims] = 0
+        if self.preemption == "restart":
+            self.generated[victims] = 0
+            self.first_token_time[victims] = np.nan
+            self.last_token_time[victims] = np.nan
+            self.max_token_gap[victims] = np.nan
+        self.prefill_len[victims] = self.prompt_len[victims] + self.generated[victims]
         self.held[victims] = 0
         self.start_iteration[victims] = -1
-        self.first_token_time[victims] = np.nan
         self.evictions[victims] += 1
         self.kv_held -= freed
         self.running = self.running[self.status[self.running] == RUNNING]
-        self.waiting = np.union1d(self.waiting, victims)
+        victims = victims[np.argsort(self.queue_key[victims], kind="stable")]
+        if self.requeue == "back":
+            keys = np.arange(self._next_queue_key, self._next_queue_key + victims.size)
+            self.queue_key[victims] = keys
+            self._next_queue_key += victims.size
+            self.waiting = np.concatenate((self.waiting, victims))
+        else:
+            merged = np.concatenate((self.waiting, victims))
+            self.waiting = merged[np.argsort(self.queue_key[merged], kind="stable")]
         return int(victims.size)
 
     def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
@@ -183,7 +236,7 @@ class Engine:
             type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
             generated=_frozen(self.generated), held=_frozen(self.held),
             start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
-            kv_block_size=block)
+            kv_block_size=block, prefill_len=_frozen(self.prefill_len))
         rows: dict[str, list] = {k: [] for k in (
             "start_time", "duration", "batch_size", "n_started", "prefill_tokens",
             "decode_requests", "kv_peak", "kv_after", "n_completed", "n_evicted", "failed")}
@@ -196,7 +249,12 @@ class Engine:
             if released < n and arrival[released] <= now:
                 upto = int(np.searchsorted(arrival, now, side="right"))
                 self.status[released:upto] = WAITING
-                self.waiting = np.concatenate((self.waiting, np.arange(released, upto)))
+                arrived = np.arange(released, upto)
+                if self._next_queue_key > n:  # a `back` requeue happened: queue behind it
+                    self.queue_key[arrived] = np.arange(self._next_queue_key,
+                                                        self._next_queue_key + arrived.size)
+                    self._next_queue_key += arrived.size
+                self.waiting = np.concatenate((self.waiting, arrived))
                 released = upto
             next_arrival = arrival[released] if released < n else np.inf
             if self.waiting.size == 0 and self.running.size == 0:
@@ -235,7 +293,7 @@ class Engine:
                 break
 
             held_before = self.held[members]
-            remaining_prompt = prompt_len[members] - self.prefilled[members]
+            remaining_prompt = self.prefill_len[members] - self.prefilled[members]
             is_prefill = remaining_prompt > 0
             chunk = self._prefill_chunks(batch, members, remaining_prompt)
             prefill_tokens = np.where(is_prefill, chunk, 0)
@@ -282,7 +340,15 @@ class Engine:
             self.generated[members] += emits
             self.held[members] += gain
             self.kv_held += gain_total
-            self.first_token_time[members[is_prefill & emits]] = end
+            emitters = members[emits]
+            tokens = self.generated[emitters]
+            self.first_token_time[emitters[tokens == 1]] = end
+            later = emitters[tokens > 1]
+            if later.size:
+                gaps = end - self.last_token_time[later]
+                self.token_gaps.add(gaps)
+                self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
+            self.last_token_time[emitters] = end
             finished = members[self.generated[members] == output_len[members]]
             if finished.size:
                 self.completion_time[finished] = end
@@ -301,7 +367,8 @@ class Engine:
             iteration += 1
         bar.close()
         return RunResult(status, message, self._request_table(), pd.DataFrame(rows), self.kv,
-                         self.livelock_window, decision_time)
+                         self.livelock_window, decision_time, self.preemption, self.requeue,
+                         self.token_gaps)
 
     def _record(self, rows, now, duration, batch_size, n_started, prefill_tokens, n_decode,
                 kv_peak, n_completed, n_evicted, failed) -> None:
@@ -337,4 +404,10 @@ class Engine:
         table["latency"] = table["completion"] - table["arrival"]
         table["ttft"] = table["first_token"] - table["arrival"]
         table["completed"] = self.status[back] == DONE
+        # Mean gap telescopes: (last token - first token) / (tokens - 1).
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table["tbt_mean"] = np.where(
+                table["completed"] & (table["output_len"] > 1),
+                (table["completion"] - table["first_token"]) / (table["output_len"] - 1), np.nan)
+        table["tbt_max"] = self.max_token_gap[back]
         return table

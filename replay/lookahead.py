@@ -67,8 +67,9 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
         return 0
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est)
-    cand_base = view.prompt_len[candidates]
-    cand_rem = est[candidates]
+    # A waiting request that kept tokens (recompute preemption) re-prefills them.
+    cand_base = view.prefill_len[candidates]
+    cand_rem = np.maximum(est[candidates] - view.generated[candidates], 1)
     budget = view.kv_capacity
     # Necessary condition at the first checkpoint bounds the prefix length.
     first = int(run_base.sum()) + run_base.size

@@ -52,7 +52,11 @@ class PolicyView:
     when predictions are exact); ``predicted_lo``/``predicted_hi`` bound it.
     The true output lengths are deliberately not part of the view.
     ``held`` is the KV slots each request holds now (prompt tokens prefilled +
-    tokens generated). ``start_iteration`` is the executed-iteration index at
+    tokens generated). ``prefill_len`` is what a request's current attempt must
+    prefill: ``s``, or ``s + generated`` for a request preempted under the
+    ``recompute`` mode (it keeps its tokens); ``prefilled`` counts towards it.
+    ``waiting`` is in queue order (arrival order, unless requests were requeued
+    at the back). ``start_iteration`` is the executed-iteration index at
     which a running request (last) started. ``kv_block_size`` is the paging
     granularity the engine counts KV in (1 = token-exact).
     """
@@ -60,6 +64,7 @@ class PolicyView:
     kv_capacity: int
     arrival: np.ndarray
     prompt_len: np.ndarray
+    prefill_len: np.ndarray
     predicted_output: np.ndarray
     predicted_lo: np.ndarray
     predicted_hi: np.ndarray

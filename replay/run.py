@@ -76,7 +76,8 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
                     livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
                     progress=cfg.output.progress,
-                    validate_decisions=cfg.engine.validate_decisions)
+                    validate_decisions=cfg.engine.validate_decisions,
+                    preemption=cfg.engine.preemption, requeue=cfg.engine.requeue)
     return engine.run(), requests, timing.describe()
 
 

@@ -20,13 +20,13 @@ os.environ.setdefault("KVSCHED_DATA_DIR", str(DATA_DIR))
 
 
 def replay(prompt_len, output_len, policy, kv_tokens: int, arrival=None, timing=None,
-           seed: int = 0, **engine_options) -> RunResult:
+           seed: int = 0, block_size: int = 1, **engine_options) -> RunResult:
     """Run ``policy`` on the given lengths (all at time 0 unless ``arrival`` is given)."""
     s = np.asarray(prompt_len, dtype=np.int64)
     o = np.asarray(output_len, dtype=np.int64)
     a = np.zeros(s.size) if arrival is None else np.asarray(arrival, dtype=float)
     engine = Engine(Requests(s, o, arrival=a), policy, timing or UnitTiming(),
-                    explicit(kv_tokens), seed=seed, **engine_options)
+                    explicit(kv_tokens, block_size), seed=seed, **engine_options)
     return engine.run()
 
 

@@ -32,7 +32,10 @@ def make_view(kv, prompt, output, generated, running, waiting) -> PolicyView:
     arr = np.asarray
     zeros = np.zeros(n, dtype=np.int64)
     held = np.where(np.isin(np.arange(n), running), arr(prompt) + arr(generated), 0)
+    # Waiting requests that generated tokens kept them (recompute) and re-prefill them.
+    prefill_len = arr(prompt) + np.where(held > 0, 0, arr(generated))
     return PolicyView(kv_capacity=kv, arrival=np.zeros(n), prompt_len=arr(prompt),
+                      prefill_len=prefill_len,
                       predicted_output=arr(output), predicted_lo=arr(output),
                       predicted_hi=arr(output), type_id=zeros - 1,
                       prefilled=np.where(held > 0, arr(prompt), 0), generated=arr(generated),
@@ -62,3 +65,17 @@ def test_admissible_prefix_equals_walk_and_stop(data):
             break
         expected += 1
     assert admissible_prefix(view, np.asarray(waiting, dtype=np.int64)) == expected
+
+
+def test_a_request_that_kept_tokens_is_checked_with_them():
+    # Waiting request 0 (s=4, o=10) kept 6 tokens from a recompute preemption: started now it
+    # re-prefills 10 tokens and then holds 11, 12, 13, 14: its peak s + o = 14 comes 4
+    # iterations from now (not 10), which is what the second case below depends on.
+    assert admissible_prefix(make_view(13, [4], [10], [6], [], [0]), np.array([0])) == 0
+    assert admissible_prefix(make_view(14, [4], [10], [6], [], [0]), np.array([0])) == 1
+    # With a running request (s=1, o=12, 2 generated, holds 3) for 10 more iterations:
+    # at request 0's completion (4 iterations from now) they hold 14 + 7 = 21.
+    view = make_view(21, [4, 1], [10, 12], [6, 2], [1], [0])
+    assert admissible_prefix(view, np.array([0])) == 1
+    view = make_view(20, [4, 1], [10, 12], [6, 2], [1], [0])
+    assert admissible_prefix(view, np.array([0])) == 0
