@@ -63,13 +63,12 @@ class SarathiLike:
         occupied = np.where(remaining == 0, view.held[running] + 1,
                             view.prefill_len[running] + 1 if self.reserve_prompt
                             else view.held[running])
-        kept, preempted = preempt_latest_until_fit(
-            running, blocks(occupied, block), view.kv_capacity // block)
-        kept_remaining = view.prefill_len[kept] - view.prefilled[kept]
-        decodes = kept[kept_remaining == 0]
-        prefilling = kept[kept_remaining > 0]
-        free = view.kv_capacity // block - int(
-            blocks(occupied, block)[np.isin(running, kept)].sum())
+        occupied = blocks(occupied, block)
+        keep = preempt_latest_until_fit(running, occupied, view.kv_capacity // block)
+        kept, preempted = running[keep], running[~keep]
+        decodes = kept[remaining[keep] == 0]
+        prefilling = kept[remaining[keep] > 0]
+        free = view.kv_capacity // block - int(occupied[keep].sum())
         plan = _ChunkPlan(view, self.chunk_size - decodes.size, free, self.reserve_prompt)
         for rid in prefilling:
             plan.continue_prefill(int(rid))
@@ -89,7 +88,7 @@ class SarathiLike:
         advance = np.concatenate((decodes, np.fromiter(
             (r for r in prefilling if r in plan.chunks), dtype=np.int64)))
         return Batch(start=np.asarray(plan.started, dtype=np.int64), advance=advance,
-                     preempt=np.sort(preempted), prefill_chunks=plan.chunks)
+                     preempt=preempted, prefill_chunks=plan.chunks)
 
 
 class _ChunkPlan:

@@ -62,9 +62,8 @@ class VLLMLike:
         admitted = self.admit(view, capacity - int(blocks(view.held[running], block).sum()))
         if admitted.size:
             return Batch(start=admitted, advance=_EMPTY)
-        kept, preempted = preempt_latest_until_fit(
-            running, blocks(view.held[running] + 1, block), capacity)
-        return Batch(advance=kept, preempt=preempted)
+        keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
+        return Batch(advance=running[keep], preempt=running[~keep])
 
     def admit(self, view: PolicyView, free_blocks: int) -> np.ndarray:
         """The prefix of the waiting queue that the three admission limits allow."""

@@ -156,6 +156,7 @@ class Engine:
         self.queue_key = np.arange(n, dtype=np.int64)
         self._next_queue_key = n
         self._gain_scratch = np.zeros(n, dtype=np.int64)
+        self._id_scratch = np.zeros(n, dtype=np.int64)
 
     # ------------------------------------------------------------------ helpers
     def _check_ids(self, ids, expected: int, what: str) -> np.ndarray:
@@ -171,7 +172,11 @@ class Engine:
             raise DecisionError(
                 f"{type(self.policy).__name__}: {what} names request {int(wrong[0])} which is "
                 f"{state[int(self.status[wrong[0]])]}")
-        if np.unique(ids).size != ids.size:
+        seen = self._id_scratch
+        seen[ids] += 1
+        repeated = seen[ids].max() > 1
+        seen[ids] = 0
+        if repeated:
             raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")
         return ids
 
@@ -213,14 +218,20 @@ class Engine:
                         ) -> np.ndarray:
         chunk = remaining_prompt.copy()
         if batch.prefill_chunks:
-            position = {int(r): k for k, r in enumerate(members)}
-            for rid, tokens in batch.prefill_chunks.items():
-                k = position.get(int(rid))
-                if k is None or not 1 <= int(tokens) <= remaining_prompt[k]:
-                    raise DecisionError(
-                        f"{type(self.policy).__name__}: prefill chunk {tokens} for request {rid} "
-                        f"is not in 1..remaining prompt of a prefilling batch member")
-                chunk[k] = int(tokens)
+            position = self._id_scratch  # zero between uses; 1-based positions while in use
+            position[members] = np.arange(1, members.size + 1)
+            rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64)
+            tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64)
+            known = (rids >= 0) & (rids < position.size)
+            k = np.where(known, position[np.where(known, rids, 0)], 0) - 1
+            position[members] = 0
+            bad = (k < 0) | (tokens < 1) | (tokens > remaining_prompt[np.maximum(k, 0)])
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise DecisionError(
+                    f"{type(self.policy).__name__}: prefill chunk {int(tokens[i])} for request "
+                    f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
+            chunk[k] = tokens
         return chunk
 
     # --------------------------------------------------------------------- run

@@ -18,18 +18,16 @@ def blocks(tokens, block_size: int):
 
 
 def preempt_latest_until_fit(ids: np.ndarray, blocks_after: np.ndarray,
-                             capacity_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """Preempt the latest arrivals among ``ids`` until the rest's ``blocks_after`` fit.
+                             capacity_blocks: int) -> np.ndarray:
+    """Which of ``ids`` to keep so that their ``blocks_after`` fit ``capacity_blocks``.
 
     vLLM's FCFS priority: the request that arrived last (largest engine id) is
-    preempted first. Returns ``(kept, preempted)``, each in ascending id.
+    preempted first. Returns a boolean mask over ``ids`` (True = kept).
     """
+    keep = np.ones(ids.size, dtype=bool)
     excess = int(blocks_after.sum()) - capacity_blocks
-    order = np.argsort(ids, kind="stable")
-    if excess <= 0:
-        return ids[order], ids[:0]
-    latest_first = order[::-1]
-    freed = np.cumsum(blocks_after[latest_first])
-    count = int(np.searchsorted(freed, excess, side="left")) + 1
-    victims = latest_first[:count]
-    return np.sort(ids[latest_first[count:]]), np.sort(ids[victims])
+    if excess > 0:
+        latest_first = np.argsort(ids, kind="stable")[::-1]
+        freed = np.cumsum(blocks_after[latest_first])
+        keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
+    return keep
