@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from replay.errors import ConfigError
 from replay.histogram import LogHistogram
 from replay.kv import KVCapacity
+from replay.paging import blocks
 from replay.policy import Batch, Policy, PolicyView
 from replay.requests import Requests
 from replay.timing.base import BatchShape, TimingBackend
@@ -324,7 +325,7 @@ class Engine:
                 held_after = self.held[holders] + scratch[holders]
                 scratch[members] = 0
                 if block > 1:
-                    kv_peak = int((-(-held_after // block)).sum()) * block
+                    kv_peak = int(blocks(held_after, block).sum()) * block
             steps += 1
             if kv_peak > capacity:
                 victims = np.asarray(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from replay.paging import blocks
 from replay.policy import PolicyView
 
 
@@ -33,8 +34,8 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int
     if block_size > 1:
         checkpoints = np.unique(remaining)[:, None]
         held = base[None, :] + checkpoints
-        blocks = -(-held // block_size) * block_size
-        return int(np.where(remaining[None, :] >= checkpoints, blocks, 0).sum(axis=1).max())
+        slots = blocks(held, block_size) * block_size
+        return int(np.where(remaining[None, :] >= checkpoints, slots, 0).sum(axis=1).max())
     order = np.argsort(-remaining, kind="stable")
     return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
 
