@@ -105,6 +105,7 @@ class TraceTimestamps:
 
     speedup: float = 1.0
     sets_count = False
+    replays_workload_times = True
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:

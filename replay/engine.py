@@ -74,6 +74,8 @@ class RunResult:
     preemption: str
     requeue: str
     token_gaps: LogHistogram
+    policy_info: dict | None = None  # what the policy derived (thresholds...), if it says
+    fluid: dict | None = None  # the fluid benchmark of a typed workload (replay.run)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -329,7 +331,8 @@ class Engine:
             steps += 1
             if kv_peak > capacity:
                 victims = np.asarray(
-                    self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng),
+                    self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng,
+                                               self.running.size),
                     dtype=np.int64)
                 if victims.size and not np.isin(victims, holders).all():
                     raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "

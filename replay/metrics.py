@@ -49,6 +49,7 @@ def summarize(result: RunResult) -> dict:
         "max_tbt": gaps["max"],
         "n_token_gaps": gaps["count"],
         "throughput_tokens_per_s": tokens / makespan if makespan > 0 else None,
+        "throughput_requests_per_s": len(done) / makespan if makespan > 0 else None,
         "evictions": int(req["evictions"].sum()),
         "requests_evicted": int((req["evictions"] > 0).sum()),
         "makespan": makespan,

@@ -17,8 +17,8 @@ from replay.errors import ConfigError
 class ClearAll:
     """Clear every holder (alpha-protection greedy)."""
 
-    def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
-        return holders
+    def evict(self, holders, held_after, kv_capacity, rng, n_running) -> np.ndarray:
+        return holders[:n_running]
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,16 @@ class ClearEachWithProb:
         if not 0.0 < self.beta <= 1.0:
             raise ConfigError(f"overflow.beta must be in (0, 1], got {self.beta}")
 
-    def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
-        return holders[rng.random(holders.size) < self.beta]
+    def evict(self, holders, held_after, kv_capacity, rng, n_running) -> np.ndarray:
+        # One draw per holder (starts included, which the engine cannot evict), so the
+        # random stream does not depend on how many of the batch were running.
+        return holders[:n_running][rng.random(holders.size)[:n_running] < self.beta]
 
 
 def _evict_in_order(order: np.ndarray, holders, held_after, kv_capacity) -> np.ndarray:
     """Evict holders in ``order`` until the rest fits: the shortest such prefix."""
     excess = int(held_after.sum()) - kv_capacity
-    if excess <= 0:
+    if excess <= 0 or order.size == 0:
         return holders[:0]
     freed = np.cumsum(held_after[order])
     count = int(np.searchsorted(freed, excess, side="left")) + 1
@@ -50,8 +52,12 @@ def _evict_in_order(order: np.ndarray, holders, held_after, kv_capacity) -> np.n
 
 
 class EvictLIFO:
-    """Evict the most recently started holders until the batch fits."""
+    """Evict the most recently started running requests until the batch fits.
 
-    def evict(self, holders, held_after, kv_capacity, rng) -> np.ndarray:
-        return _evict_in_order(np.arange(holders.size)[::-1], holders, held_after, kv_capacity)
+    Requests the batch itself would start hold no KV yet and are never victims
+    (evicting them would free nothing and the same batch would be retried); if
+    evicting every running request is not enough, all are evicted.
+    """
 
+    def evict(self, holders, held_after, kv_capacity, rng, n_running) -> np.ndarray:
+        return _evict_in_order(np.arange(n_running)[::-1], holders, held_after, kv_capacity)

@@ -88,15 +88,16 @@ class PolicyView:
 
 
 class OverflowRule(Protocol):
-    """Chooses which holders to evict when a batch would exceed the KV capacity.
+    """Chooses which running requests to evict when a batch would exceed the KV capacity.
 
-    ``holders`` are all requests that would hold KV after the iteration,
-    running ones in start order followed by the ones the batch starts;
-    ``held_after`` is what each would hold. Returns the ids to evict.
+    ``holders`` are all requests that would hold KV after the iteration: the
+    ``n_running`` running ones first, in start order, then the ones the batch
+    starts; ``held_after`` is what each would hold. Returns the ids to evict;
+    only running requests can be evicted (the others hold nothing yet).
     """
 
     def evict(self, holders: np.ndarray, held_after: np.ndarray, kv_capacity: int,
-              rng: np.random.Generator) -> np.ndarray: ...
+              rng: np.random.Generator, n_running: int) -> np.ndarray: ...
 
 
 class Policy(Protocol):

@@ -26,6 +26,7 @@ from replay.plots import (
     plot_seed_statistics,
     plot_sensitivity,
 )
+from replay.plots_wait import plot_policy_bars, plot_wait_sweep
 from replay.run import CONFIG_DIR
 
 
@@ -38,19 +39,57 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Target:
+    """One reproduction target.
+
+    ``sweeps`` (optional) names several multiruns of the same experiment, each with
+    its own extra overrides, run into ``runs/<name>/``; ``quick_sweeps`` replaces
+    their overrides under ``--quick``. In overrides, ``{outputs}`` stands for the
+    folder holding every target's outputs and ``{suffix}`` for ``-quick`` or ``""``.
+    """
+
     description: str
     overrides: tuple[str, ...]
     quick: tuple[str, ...] = ()
     multirun: bool = True
     figures: tuple[Callable[[Path, Path], list[Path]], ...] = ()
     needs_data: bool = False  # reads traces or Vidur profiles from the data directory
+    sweeps: dict[str, tuple[str, ...]] | None = None
+    quick_sweeps: dict[str, tuple[str, ...]] | None = None
 
 
-#: Quick A3-based runs: few requests, a small M so memory binds, and a cheap Vidur grid
-#: (trains in seconds) so the quick run still goes through the Vidur backend.
-A3_QUICK = ("kv.tokens=1500",
-            "timing.random_forest_grid={num_estimators:[8],max_depth:[8],min_samples_split:[2]}",
-            "timing.k_fold_cv_splits=2")
+def in_sweep(sweep: str, figure: Callable[..., list[Path]], **options
+             ) -> Callable[[Path, Path], list[Path]]:
+    """A figure drawn from one named sweep of a target (``runs/<sweep>/``)."""
+    def draw(runs_dir: Path, out_dir: Path) -> list[Path]:
+        return figure(runs_dir / sweep, out_dir, **options)
+    return draw
+
+
+#: Quick runs on the Vidur backend: a predictor grid that trains in seconds.
+VIDUR_QUICK = ("timing.random_forest_grid={num_estimators:[8],max_depth:[8],min_samples_split:[2]}",
+               "timing.k_fold_cv_splits=2")
+A3_QUICK = ("kv.tokens=1500", *VIDUR_QUICK)
+#: The B experiments' sweeps: the paper's point, the rate as a fraction of the stability
+#: boundary (fluid load), and the batch limit B.
+LOADS = "workload.load=0.2,0.4,0.6,0.8,1.0,1.2,1.5"
+B_SWEEPS = {"paper": (), "rate": (LOADS,), "batch": ("batch_limit=100,250,500,1000,2000",)}
+B_QUICK_SWEEPS = {"paper": (), "rate": ("workload.load=0.5,1.2",),
+                  "batch": ("batch_limit=100,500",)}
+
+
+def wait_target(label: str, experiment: str, quick: tuple[str, ...], sweeps=B_SWEEPS,
+                quick_sweeps=B_QUICK_SWEEPS, group: str = "total_rate",
+                needs_data: bool = True) -> Target:
+    figures = [in_sweep("paper", plot_policy_bars, name=label, group=group)]
+    if "rate" in sweeps:
+        figures.append(in_sweep("rate", plot_wait_sweep, x="total_rate", name=label))
+    if "batch" in sweeps:
+        figures.append(in_sweep("batch", plot_wait_sweep, x="batch_limit", name=label))
+    return Target(f"{label}: throughput (with Throughput*), latency and evictions per policy, "
+                  f"3 seeds", (f"experiment={experiment}",), quick=(*VIDUR_QUICK, "seed=0", *quick),
+                  figures=tuple(figures), needs_data=needs_data, sweeps=sweeps,
+                  quick_sweeps={k: v for k, v in quick_sweeps.items() if k in sweeps})
+
 
 TARGETS: dict[str, Target] = {
     "c3": Target(
@@ -98,6 +137,30 @@ TARGETS: dict[str, Target] = {
            ("a2s", "A2s (online, T ~ U{5..12})", "mcsf_vs_opt_online_small"),
            ("a1", "A1 (offline, n ~ U{40..60})", "mcsf_vs_opt_offline"),
            ("a2", "A2 (online, T ~ U{40..60})", "mcsf_vs_opt_online"))},
+    "b0": Target(
+        "B0 eviction cascade: greedy FCFS vs WAIT (n = 4), one type (1, 2), Poisson(4) per "
+        "round, M = 20, 20,000 rounds: completions per round, evictions, mean latency",
+        ("experiment=b0_cascade",), quick=("workload.duration_s=300",),
+        figures=(partial(plot_policy_bars, name="B0: the eviction cascade (unit time)"),)),
+    "b1_wait_low": wait_target("B1 low demand (WAIT vs vLLM-like vs Sarathi-like)",
+                               "b1_wait_low", ("workload.duration_s=0.5",)),
+    "b1_wait_high": wait_target("B1 high demand (WAIT vs vLLM-like vs Sarathi-like)",
+                                "b1_wait_high", ("workload.duration_s=0.05",)),
+    "b2_nested": wait_target("B2 Nested WAIT, synthetic 4 types", "b2_nested",
+                             ("workload.duration_s=2",),
+                             sweeps={"paper": (), "rate": (LOADS,)}),
+    "b3_nested_lmsys": wait_target("B3 Nested WAIT, LMSYS-like 10 types", "b3_nested_lmsys",
+                                   ("workload.duration_s=3",), sweeps={"paper": ()}),
+    "b4_nested_lmsys_real": wait_target(
+        "B4 Nested WAIT, LMSYS real lengths (words), 50,000 requests at 55/s",
+        "b4_nested_lmsys_real", ("workload.n=400",), sweeps={"paper": ()}),
+    "b5": Target(
+        "B5 fluid benchmark of every B scenario (both conventions) next to the simulated "
+        "throughput; the segment design's three memory terms vs the number of segments",
+        ("experiment=b5_fluid", "study.simulated_root={outputs}",
+         "study.simulated_suffix={suffix}"),
+        quick=("workload.n=20000", "study.segment_counts=[2,5,10]"), multirun=False,
+        figures=(study_figures,)),
 }
 
 
@@ -116,13 +179,19 @@ def run_target(name: str, quick: bool = False, force: bool = False,
             print(f"{name}: up to date ({stamp})")
             return outputs
     runs_dir = out_dir / "runs"
-    overrides = [*target.overrides, *(target.quick if quick else ())]
-    if target.multirun:
-        command = ["-m", *overrides, f"hydra.sweep.dir={runs_dir}"]
-    else:
-        command = [*overrides, f"hydra.run.dir={runs_dir}"]
-    print(f"{name}: {target.description}\n  python -m replay {' '.join(command)}", flush=True)
-    subprocess.run([sys.executable, "-m", "replay", *command], cwd=REPO, check=True)
+    fill = {"{outputs}": str(outputs_root.resolve()), "{suffix}": "-quick" if quick else ""}
+    overrides = [o.replace("{outputs}", fill["{outputs}"]).replace("{suffix}", fill["{suffix}"])
+                 for o in (*target.overrides, *(target.quick if quick else ()))]
+    sweeps = (target.quick_sweeps if quick and target.quick_sweeps else target.sweeps)
+    print(f"{name}: {target.description}", flush=True)
+    for sweep, extra in (sweeps or {None: ()}).items():
+        where = runs_dir / sweep if sweep else runs_dir
+        if target.multirun:
+            command = ["-m", *overrides, *extra, f"hydra.sweep.dir={where}"]
+        else:
+            command = [*overrides, *extra, f"hydra.run.dir={where}"]
+        print(f"  python -m replay {' '.join(command)}", flush=True)
+        subprocess.run([sys.executable, "-m", "replay", *command], cwd=REPO, check=True)
     outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
     stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
     for path in outputs:

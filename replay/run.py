@@ -17,10 +17,13 @@ from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from replay.engine import Engine, RunResult
+from replay.errors import ConfigError
+from replay.fluid import TypeMix, equilibrium, stability_boundary
 from replay.metrics import summarize
 from replay.requests import RequestError, Requests
 
@@ -44,13 +47,20 @@ def package_versions() -> dict[str, str]:
 
 
 def compose_config(overrides=()) -> DictConfig:
-    """The config ``python -m replay OVERRIDES`` would run, for scripts and tests."""
+    """The config ``python -m replay OVERRIDES`` would run, for scripts and tests
+    (and for studies, inside a running Hydra app, which has Hydra initialised)."""
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 
 def make_requests(workload, arrivals, seed: int, time_unit: str) -> Requests:
     """Draw the request lengths and their arrival times from independent seeded streams."""
+    if getattr(workload, "defines_arrivals", False) and not getattr(
+            arrivals, "replays_workload_times", False):
+        raise ConfigError(f"workload {workload.name} generates its own arrival times (Poisson "
+                          f"per type); run it with arrivals=trace")
     workload_seed, arrival_seed = np.random.SeedSequence([seed, 0xA7]).spawn(2)
     workload_rng = np.random.default_rng(workload_seed)
     arrival_rng = np.random.default_rng(arrival_seed)
@@ -66,19 +76,53 @@ def make_requests(workload, arrivals, seed: int, time_unit: str) -> Requests:
     return requests.with_arrivals(times)
 
 
+def fluid_benchmark(types, cfg: DictConfig, time_unit: str) -> dict:
+    """The fluid equilibrium of a typed workload's (effective) rates, recorded with its run.
+
+    Unit time: one round per iteration (``d0 = 1``). Otherwise the linear coefficients
+    of the model and hardware (``model.linear_timing``, fitted to Vidur), whichever
+    backend ran: they define the stability boundary the B figures mark.
+    """
+    mix = TypeMix.from_types(list(types))
+    if time_unit == "rounds":
+        d0, d1, d2, source = 1.0, 0.0, 0.0, "unit time: d0 = 1 round"
+    else:
+        linear = cfg.model.linear_timing[cfg.hardware.name]
+        d0, d1, d2 = float(linear.d0), float(linear.d1), float(linear.d2)
+        source = f"model.linear_timing.{cfg.hardware.name} of {cfg.model.name}"
+    return {"coefficients": {"d0": d0, "d1": d1, "d2": d2, "source": source},
+            "total_rate": float(mix.rate.sum()), "rates": mix.rate.tolist(),
+            "rate_scale_at_boundary": stability_boundary(mix, d1, d2),
+            **equilibrium(mix, d0, d1, d2)}
+
+
+def known_types(cfg: DictConfig, workload) -> dict:
+    """A policy that reads the workload's types (``types: ${workload.types}``) gets its
+    effective ones: a typed workload rescales its rates by ``total_rate`` or ``load``."""
+    if (cfg.policy.get("types") is not None and getattr(workload, "types", None) is not None
+            and cfg.policy.types == cfg.workload.get("types")):
+        return {"types": [dict(t) for t in workload.types]}
+    return {}
+
+
 def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     """Instantiate every component of ``cfg`` and replay it."""
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
-    requests = make_requests(instantiate(cfg.workload), instantiate(cfg.arrivals), cfg.seed,
-                             timing.time_unit)
-    policy = instantiate(cfg.policy)
+    workload = instantiate(cfg.workload)
+    requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit)
+    policy = instantiate(cfg.policy, **known_types(cfg, workload))
     engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
                     livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
                     progress=cfg.output.progress,
                     validate_decisions=cfg.engine.validate_decisions,
                     preemption=cfg.engine.preemption, requeue=cfg.engine.requeue)
-    return engine.run(), requests, timing.describe()
+    result = engine.run()
+    if hasattr(policy, "describe"):
+        result.policy_info = policy.describe()
+    if getattr(workload, "types", None) is not None:
+        result.fluid = fluid_benchmark(workload.types, cfg, timing.time_unit)
+    return result, requests, timing.describe()
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
@@ -105,6 +149,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "timing": timing_info,
         "workload_source": requests.source,
         "dropped_rows": requests.dropped,
+        "policy_info": result.policy_info,
+        "fluid": result.fluid,
         "input_files": list(requests.files) + list(timing_info.get("files", [])),
         "packages": package_versions(),
         "config": resolved,

@@ -154,9 +154,12 @@ def test_clearing_is_reproducible_for_a_seed_and_varies_across_seeds():
 def test_evict_lifo_evicts_most_recent_first():
     rule = EvictLIFO()
     holders = np.array([7, 3, 9])
-    assert rule.evict(holders, np.array([5, 5, 5]), 10, None).tolist() == [9]
-    assert rule.evict(holders, np.array([5, 5, 5]), 4, None).tolist() == [9, 3, 7]
-    assert rule.evict(holders, np.array([5, 5, 5]), 15, None).tolist() == []
+    assert rule.evict(holders, np.array([5, 5, 5]), 10, None, 3).tolist() == [9]
+    assert rule.evict(holders, np.array([5, 5, 5]), 4, None, 3).tolist() == [9, 3, 7]
+    assert rule.evict(holders, np.array([5, 5, 5]), 15, None, 3).tolist() == []
+    # 9 is being started by the batch (holds nothing yet): the running 3, then 7, go first.
+    assert rule.evict(holders, np.array([5, 5, 5]), 10, None, 2).tolist() == [3]
+    assert rule.evict(holders, np.array([5, 5, 5]), 4, None, 2).tolist() == [3, 7]
 
 
 class Idle:
