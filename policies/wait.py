@@ -40,7 +40,7 @@ from replay.staging import first_per_group
 @dataclass
 class Wait:
     overflow: OverflowRule
-    types: Sequence[Mapping]
+    types: Sequence[Mapping] | None
     thresholds: str = "fluid"
     batch_limit: float | None = 512
     n: Sequence[int] | None = None
@@ -51,6 +51,9 @@ class Wait:
     per_stage: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not self.types:
+            raise ConfigError("policy=wait needs the request types: use a typed workload "
+                              "(workload=typed arrivals=trace, or a B experiment)")
         mix = TypeMix.from_types(list(self.types))
         if self.n is not None:
             n = np.asarray(list(self.n), dtype=np.int64)

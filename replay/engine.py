@@ -19,6 +19,10 @@ Two semantics are options (MODEL.md §3.4), both recorded in every summary:
   The queue order is a per-request key assigned when a request enters the
   queue (arrival, or ``back`` requeue); the view's ``waiting`` is in key order.
 
+``max_running`` (optional) caps the running set for every policy: admissions
+beyond it are cut, keeping the first ones of the policy's list (a prefix keeps
+a lookahead-feasible set feasible).
+
 State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
 workload position), so each step costs a handful of vectorised operations over
 the batch and the waiting queue, never over the whole trace.
@@ -102,7 +106,7 @@ class Engine:
                  kv: KVCapacity, seed: int = 0, livelock_window: int | None = None,
                  max_steps: int | None = None, progress: bool = False,
                  validate_decisions: bool = True, preemption: str = "restart",
-                 requeue: str = "front") -> None:
+                 requeue: str = "front", max_running: int | None = None) -> None:
         if requests.arrival is None:
             raise ValueError("Engine: requests have no arrival times; assign arrivals first")
         if preemption not in PREEMPTION_MODES:
@@ -111,7 +115,9 @@ class Engine:
         if requeue not in REQUEUE_POSITIONS:
             raise ConfigError(f"engine.requeue must be one of {REQUEUE_POSITIONS}, "
                               f"got {requeue!r}")
-        self.preemption, self.requeue = preemption, requeue
+        if max_running is not None and max_running < 1:
+            raise ConfigError(f"engine.max_running must be >= 1 or null, got {max_running}")
+        self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
         requests.validate(kv.tokens)
         self.requests = requests
         self.policy = policy
@@ -294,6 +300,10 @@ class Engine:
             if batch.preempt is not None and len(batch.preempt):
                 n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
             start = self._check_ids(batch.start, WAITING, "start")
+            if self.max_running is not None and self.running.size + start.size > self.max_running:
+                # A cap on running requests for every policy (a serving engine's batch limit):
+                # the policy's admissions are cut to the first ones in its order.
+                start = start[: max(0, self.max_running - self.running.size)]
             advance = (self.running if batch.advance is None
                        else self._check_ids(batch.advance, RUNNING, "advance"))
             members = np.concatenate((advance, start)) if start.size else advance

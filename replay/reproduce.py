@@ -22,9 +22,11 @@ from pathlib import Path
 from replay.plots import (
     plot_kv_of_sweep,
     plot_latency_vs_n,
+    plot_latency_vs_n_runs,
     plot_metric_bars,
     plot_seed_statistics,
     plot_sensitivity,
+    plot_timescale_variants,
 )
 from replay.plots_wait import plot_policy_bars, plot_wait_sweep
 from replay.run import CONFIG_DIR
@@ -91,6 +93,8 @@ def wait_target(label: str, experiment: str, quick: tuple[str, ...], sweeps=B_SW
                   quick_sweeps={k: v for k, v in quick_sweeps.items() if k in sweeps})
 
 
+A3_FIGURES = (plot_latency_vs_n_runs, plot_latency_vs_n, plot_kv_of_sweep)
+
 TARGETS: dict[str, Target] = {
     "c3": Target(
         "C3 worked example: TEL of FCFS (both tie orders) and MC-SF, unit time, M = 64",
@@ -100,20 +104,31 @@ TARGETS: dict[str, Target] = {
          "{count:1,prompt_len:63,output_len:1}]"),
         figures=(plot_metric_bars,)),
     "a3_small": Target(
-        "A3 (scaled down) + A5: latency vs n for the seven policy settings, KV of MC-SF",
-        ("experiment=a3_small",), quick=("workload.n=120", "kv.tokens=1500"),
-        figures=(plot_latency_vs_n, plot_kv_of_sweep)),
-    "a3": Target(
-        "A3 + A5: 10,000 LMSYS conversations at 50/s and 10/s, Llama-2-70B on 2 x A100 with "
-        "Vidur timing, M = 16,492: latency vs n for the eight policy settings, KV of MC-SF",
-        ("experiment=a3",),
-        quick=(*A3_QUICK, "workload.n=150"),
-        figures=(plot_latency_vs_n, plot_kv_of_sweep), needs_data=True),
+        "A3 (scaled down) + A5: separate runs of n = 40..400, the first-n curve of the largest "
+        "runs, KV of MC-SF", ("experiment=a3_small",),
+        quick=("workload.n=60,120", "kv.tokens=1500"), figures=A3_FIGURES),
+    **{name: Target(
+        f"A3 + A5 on {source}: separate runs of n = 1,000..10,000 at 50/s and 10/s, "
+        f"Llama-2-70B on 2 x A100 with Vidur timing, M = 16,492, eight policy settings; the "
+        f"first-n curve of the 10,000-request runs; KV of MC-SF",
+        ("experiment=a3", f"workload={source}"), quick=(*A3_QUICK, "workload.n=60,120"),
+        figures=A3_FIGURES, needs_data=True)
+       for name, source in (("a3", "lmsys"), ("a3_lmsys_synthetic", "lmsys_synthetic"),
+                            ("a3_lmsys_words_synthetic", "lmsys_words_synthetic"))},
     "a4": Target(
-        "A4: n = 1,000 at 50/s on the A3 setup, 50 seeds per policy setting: mean, std, max, "
-        "min of the average latency",
+        "A4: n = 1,000 at 50/s on the A3 setup, one fixed request set, 50 arrival seeds per "
+        "policy setting and requeue position: mean, std, max, min, ratio to MC-SF, Table 1",
         ("experiment=a4",), quick=(*A3_QUICK, "workload.n=100", "seed=0,1,2"),
         figures=(plot_seed_statistics,), needs_data=True),
+    "a4_timescale": Target(
+        "A-series time scale: A4's latencies (10 seeds) under a 128-request running cap, "
+        "Vidur's linear regression and other length sources, next to the paper's Table 1",
+        ("experiment=a4_timescale",), quick=(*A3_QUICK, "workload.n=100", "seed=0,1"),
+        figures=(plot_timescale_variants,), needs_data=True,
+        sweeps={"baseline": (), "max_running_128": ("engine.max_running=128",),
+                "linear_regression": ("timing.predictor=linear_regression",),
+                "lmsys_synthetic": ("workload=lmsys_synthetic",),
+                "lmsys_words_synthetic": ("workload=lmsys_words_synthetic",)}),
     **{f"a6_{x}": Target(
         f"A6: alpha/beta-clearing's average latency vs {x} on the A3 setup, both demands",
         (f"experiment=a6_{x}",), quick=(*A3_QUICK, "workload.n=150", quick_grid),
@@ -123,10 +138,18 @@ TARGETS: dict[str, Target] = {
            ("beta", ("policy.overflow.beta", "policy.alpha"), "policy.overflow.beta=0.1,0.3"))},
     "a7_small": Target(
         "A7 (scaled down): alpha-protection's endless cycle at alpha = 0.15, smallest alpha "
-        "that finishes per demand level",
+        "that finishes per demand level and requeue position",
         ("experiment=a7_small",), quick=("workload.n=120", "kv.tokens=1500",
                                          "study.alpha_step=0.1"),
         multirun=False, figures=(study_figures,)),
+    **{name: Target(
+        f"A7 at the full A3 setup on {source}: the endless cycle at alpha = 0.15, smallest "
+        f"alpha (step 0.01) that finishes per demand level and requeue position",
+        ("experiment=a7", f"workload={source}"),
+        quick=(*A3_QUICK, "workload.n=100", "study.alpha_step=0.1", "study.alpha_stop=0.2"),
+        multirun=False, figures=(study_figures,), needs_data=True)
+       for name, source in (("a7", "lmsys"), ("a7_lmsys_synthetic", "lmsys_synthetic"),
+                            ("a7_lmsys_words_synthetic", "lmsys_words_synthetic"))},
     **{name: Target(
         f"{label}: MC-SF and FCFS against the hindsight optimum, 200 seeded trials "
         f"(histograms of TEL/OPT over proven trials and TEL/lower bound over all)",

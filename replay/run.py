@@ -55,15 +55,22 @@ def compose_config(overrides=()) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides))
 
 
-def make_requests(workload, arrivals, seed: int, time_unit: str) -> Requests:
-    """Draw the request lengths and their arrival times from independent seeded streams."""
+def make_requests(workload, arrivals, seed: int, time_unit: str,
+                  workload_seed: int | None = None) -> Requests:
+    """Draw the request lengths and their arrival times from independent seeded streams.
+
+    The lengths come from ``workload_seed`` when given (``None``: ``seed``), so that a
+    study can keep one request set and re-draw only the arrivals (EXPERIMENTS.md A4).
+    """
     if getattr(workload, "defines_arrivals", False) and not getattr(
             arrivals, "replays_workload_times", False):
         raise ConfigError(f"workload {workload.name} generates its own arrival times (Poisson "
                           f"per type); run it with arrivals=trace")
-    workload_seed, arrival_seed = np.random.SeedSequence([seed, 0xA7]).spawn(2)
-    workload_rng = np.random.default_rng(workload_seed)
-    arrival_rng = np.random.default_rng(arrival_seed)
+    length_stream, arrival_stream = np.random.SeedSequence([seed, 0xA7]).spawn(2)
+    if workload_seed is not None:
+        length_stream = np.random.SeedSequence([workload_seed, 0xA7]).spawn(2)[0]
+    workload_rng = np.random.default_rng(length_stream)
+    arrival_rng = np.random.default_rng(arrival_stream)
     if arrivals.sets_count:
         times = arrivals.sample(arrival_rng, None)
         requests = workload.sample(workload_rng, n=len(times))
@@ -110,13 +117,15 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
     workload = instantiate(cfg.workload)
-    requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit)
+    requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit,
+                             cfg.get("workload_seed"))
     policy = instantiate(cfg.policy, **known_types(cfg, workload))
     engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
                     livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
                     progress=cfg.output.progress,
                     validate_decisions=cfg.engine.validate_decisions,
-                    preemption=cfg.engine.preemption, requeue=cfg.engine.requeue)
+                    preemption=cfg.engine.preemption, requeue=cfg.engine.requeue,
+                    max_running=cfg.engine.max_running)
     result = engine.run()
     if hasattr(policy, "describe"):
         result.policy_info = policy.describe()

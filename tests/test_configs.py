@@ -28,7 +28,11 @@ def test_there_is_something_to_check():
 
 
 #: Options that need a value the user must give.
-REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"]}
+TYPED = ["workload=typed", "arrivals=trace"]
+REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"], ("policy", "wait"): TYPED,
+            ("paper_policy", "wait"): TYPED,
+            ("paper_policy", "wait_b0"): [*TYPED,
+                                          "workload.types=[{prompt_len:1,output_len:2,rate:4}]"]}
 COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy")
 #: Groups whose options are `# @package _global_` setups rather than one config node.
 GLOBAL_GROUPS = {"experiment", "paper_policy", "setup"}
@@ -78,3 +82,14 @@ def test_linear_timing_follows_model_and_hardware():
     timing = instantiate(cfg.timing)
     assert timing.source == "llama2_7b_a100x1"
     assert Path(CONFIGS / "timing" / "linear.yaml").is_file()
+
+
+def test_wait_without_a_typed_workload_is_a_clear_error():
+    from hydra.errors import InstantiationException
+
+    from replay.errors import ConfigError
+
+    with pytest.raises(InstantiationException) as caught:
+        instantiate(compose_with("policy=wait").policy)
+    assert isinstance(caught.value.__cause__, ConfigError)
+    assert "typed workload" in str(caught.value.__cause__)

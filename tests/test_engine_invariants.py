@@ -101,3 +101,19 @@ def test_unit_time_latency_convention(instance):
     req = replay(s, o, MCSF(EvictLIFO()), kv, arrival=arrival).requests
     assert (req["completion"] == req["start"] + req["output_len"]).all()
     assert (req["first_token"] == req["start"] + 1).all()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=30, deadline=None)
+@given(instance=instances(), cap=st.integers(1, 4))
+def test_max_running_is_never_exceeded(policy, instance, cap):
+    kv, s, o, arrival = instance
+    result = replay(s, o, POLICIES[policy](), kv, arrival=arrival, livelock_window=2000,
+                    max_running=cap)
+    check_invariants(result, s, o, arrival, kv)
+    # These policies advance every running request: the batch is the running set.
+    assert (result.iterations["batch_size"] <= cap).all()
+    if cap == 1 and result.status == "completed":
+        # One request at a time: no two requests overlap in time.
+        req = result.requests.sort_values("start")
+        assert (req["start"].to_numpy()[1:] >= req["completion"].to_numpy()[:-1]).all()

@@ -44,7 +44,8 @@ def test_c3_target_reproduces_the_worked_example(quick):
 
 def test_a3_small_puts_mcsf_first_under_memory_pressure(quick):
     outputs, _ = quick("a3_small")
-    curves = pd.read_csv(next(p for p in outputs if "rate50" in p.name).with_suffix(".csv"))
+    curves = pd.read_csv(next(p for p in outputs if p.name == "latency_of_first_n_rate50.png")
+                         .with_suffix(".csv"))
     final = curves[curves["n"] == curves["n"].max()].set_index("policy")
     assert len(final) == 8  # MC-SF, FCFS, two alpha-protection, four alpha/beta-clearing
     completed = final[final["status"] == "completed"]
@@ -54,10 +55,31 @@ def test_a3_small_puts_mcsf_first_under_memory_pressure(quick):
 
 
 def test_a4_statistics_account_for_every_seed(quick):
-    (png,), _ = quick("a4")
-    stats = pd.read_csv(png.with_suffix(".csv"), index_col="policy")
-    assert len(stats) == 8
-    assert ((stats["count"] + stats["n_livelock"]) == 3).all()  # quick: seeds 0, 1, 2
-    finished = stats[stats["count"] > 0]
-    assert (finished["min"] <= finished["mean"]).all()
-    assert (finished["mean"] <= finished["max"]).all()
+    outputs, _ = quick("a4")
+    assert sorted(p.name for p in outputs) == ["seed_statistics.png",
+                                               "seed_statistics_back.png"]
+    for png in outputs:
+        stats = pd.read_csv(png.with_suffix(".csv"), index_col="policy")
+        assert len(stats) == 8
+        assert ((stats["count"] + stats["n_livelock"]) == 3).all()  # quick: seeds 0, 1, 2
+        finished = stats[stats["count"] > 0]
+        assert (finished["min"] <= finished["mean"]).all()
+        assert (finished["mean"] <= finished["max"]).all()
+        assert stats.loc["MC-SF", "ratio_to_mcsf"] == 1.0
+        assert stats.loc["MC-SF", "paper_mean"] == 32.112
+
+
+def test_a3_plots_separate_runs_per_n_with_slope_ratios(quick):
+    outputs, _ = quick("a3_small")
+    runs = pd.read_csv(next(p for p in outputs if p.name == "latency_vs_n_runs_rate50.png")
+                       .with_suffix(".csv"))
+    assert sorted(runs["n"].unique()) == [60, 120]
+    assert len(runs) == 16  # eight policy settings x two n
+    assert (runs.loc[runs["policy"] == "MC-SF", "slope_ratio_to_mcsf"] == 1.0).all()
+
+
+def test_a7_reports_the_smallest_alpha_for_both_requeue_positions(quick):
+    outputs, root = quick("a7_small")
+    smallest = pd.read_csv(root / "a7_small-quick" / "runs" / "smallest_alpha.csv")
+    assert sorted(smallest["requeue"].unique()) == ["back", "front"]
+    assert sorted(smallest["rate"].unique()) == [10, 50]

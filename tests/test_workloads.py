@@ -26,7 +26,8 @@ from replay.workloads import (
 from tests.conftest import DATA_DIR
 
 TRACE_WORKLOADS = ["lmsys", "arxiv", "sharegpt", "splitwise_conv", "splitwise_code", "mixed"]
-GENERATED_WORKLOADS = ["synthetic", "lmsys_synthetic", "fixed"]
+GENERATED_WORKLOADS = ["synthetic", "lmsys_synthetic", "lmsys_words_synthetic", "fixed",
+                       "typed"]
 LMSYS_FILE = "lmsys_chat_1m_words_in_lt257_out_lt257.csv"
 
 

@@ -24,7 +24,7 @@ STATISTICS = ("count", "mean", "median", "p90", "p99", "max")
 def workload_requests(cfg: DictConfig) -> Requests:
     """The requests a replay of ``cfg`` would serve (same seed streams)."""
     return make_requests(instantiate(cfg.workload), instantiate(cfg.arrivals), cfg.seed,
-                         time_unit="seconds")
+                         time_unit="seconds", workload_seed=cfg.get("workload_seed"))
 
 
 def length_stats(requests: Requests) -> pd.DataFrame:
