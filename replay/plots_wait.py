@@ -54,7 +54,8 @@ def _mean_std(table: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.Data
     return stats.reset_index()
 
 
-def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str) -> list[Path]:
+def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
+                    tag: str = "") -> list[Path]:
     """Throughput and average latency vs ``x`` (``total_rate`` or ``batch_limit``) per policy.
 
     ``Throughput*`` (tokens/s of the fluid equilibrium) is drawn for every ``x``; on a
@@ -82,7 +83,7 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str) -> list[P
         ax.set_ylabel(metric)
         ax.legend(fontsize=7)
     fig.suptitle(name)
-    return [save_figure(fig, out_dir / f"{x}_sweep.png", stats)]
+    return [save_figure(fig, out_dir / f"{x}_sweep{'_' + tag if tag else ''}.png", stats)]
 
 
 def plot_policy_bars(sweep_dir: Path, out_dir: Path, name: str,

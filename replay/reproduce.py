@@ -74,8 +74,13 @@ A3_QUICK = ("kv.tokens=1500", *VIDUR_QUICK)
 #: The B experiments' sweeps: the paper's point, the rate as a fraction of the stability
 #: boundary (fluid load), and the batch limit B.
 LOADS = "workload.load=0.2,0.4,0.6,0.8,1.0,1.2,1.5"
-B_SWEEPS = {"paper": (), "rate": (LOADS,), "batch": ("batch_limit=100,250,500,1000,2000",)}
+#: ``rate_linear`` repeats the rate sweep on the linear timing model the fluid analysis
+#: assumes: with Vidur, batches beyond its profiled 128 decodes are extrapolated linearly
+#: in batch size, which caps throughput regardless of policy (see the README).
+B_SWEEPS = {"paper": (), "rate": (LOADS,), "rate_linear": (LOADS, "timing=linear"),
+            "batch": ("batch_limit=100,250,500,1000,2000",)}
 B_QUICK_SWEEPS = {"paper": (), "rate": ("workload.load=0.5,1.2",),
+                  "rate_linear": ("workload.load=0.5,1.2", "timing=linear"),
                   "batch": ("batch_limit=100,500",)}
 
 
@@ -85,6 +90,9 @@ def wait_target(label: str, experiment: str, quick: tuple[str, ...], sweeps=B_SW
     figures = [in_sweep("paper", plot_policy_bars, name=label, group=group)]
     if "rate" in sweeps:
         figures.append(in_sweep("rate", plot_wait_sweep, x="total_rate", name=label))
+    if "rate_linear" in sweeps:
+        figures.append(in_sweep("rate_linear", plot_wait_sweep, x="total_rate",
+                                name=f"{label}, linear timing", tag="linear"))
     if "batch" in sweeps:
         figures.append(in_sweep("batch", plot_wait_sweep, x="batch_limit", name=label))
     return Target(f"{label}: throughput (with Throughput*), latency and evictions per policy, "
@@ -171,7 +179,7 @@ TARGETS: dict[str, Target] = {
                                 "b1_wait_high", ("workload.duration_s=0.05",)),
     "b2_nested": wait_target("B2 Nested WAIT, synthetic 4 types", "b2_nested",
                              ("workload.duration_s=2",),
-                             sweeps={"paper": (), "rate": (LOADS,)}),
+                             sweeps={k: v for k, v in B_SWEEPS.items() if k != "batch"}),
     "b3_nested_lmsys": wait_target("B3 Nested WAIT, LMSYS-like 10 types", "b3_nested_lmsys",
                                    ("workload.duration_s=3",), sweeps={"paper": ()}),
     "b4_nested_lmsys_real": wait_target(

@@ -84,7 +84,8 @@ def benchmark_table(scenarios: dict[str, str], data_dir: str, simulated_root: Pa
             sims = pd.DataFrame(simulated).pivot_table(
                 index=["scenario", "total_rate"], columns="policy",
                 values="simulated_throughput").add_prefix("simulated: ").reset_index()
-            table = table.merge(sims, on="scenario", how="left", suffixes=("", "_sim"))
+            # Only the simulations at the scenario's own rate sit next to its benchmark.
+            table = table.merge(sims, on=["scenario", "total_rate"], how="left")
     return table
 
 
