@@ -1,9 +1,11 @@
-"""``python -m traces.stats [--markdown] workload=NAME [overrides]``: length statistics.
+"""``python -m traces.stats [--markdown] [--output-types WIDTH:MAX] workload=NAME [overrides]``.
 
 Composes the same Hydra config as ``python -m replay`` (so any override works, e.g.
 ``workload=lmsys workload.n=null`` for the whole file, ``seed=3``) and draws the workload's
 requests exactly as a replay with that config would. Prints count, mean, median, p90, p99 and
 max of the prompt and output lengths, the length unit, and the rows dropped and why.
+``--output-types 50:500`` also clusters the outputs into types by length bin (EXPERIMENTS.md
+B3: each bin's output length, count, share of the rate and mean prompt).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from replay.requests import Requests
-from replay.run import compose_config, make_requests
+from replay.cli import compose_or_exit, fail, run_or_exit
+from replay.run import make_requests
+from replay.workloads import output_length_types
 
 STATISTICS = ("count", "mean", "median", "p90", "p99", "max")
 
@@ -51,14 +55,31 @@ def markdown(frame: pd.DataFrame) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)
+        return
     as_markdown = "--markdown" in args
+    types = None
+    if "--output-types" in args:
+        at = args.index("--output-types")
+        try:
+            width, top = (int(x) for x in args[at + 1].split(":"))
+        except (IndexError, ValueError):
+            fail("--output-types needs WIDTH:MAX, e.g. 50:500")
+        types = (width, top)
+        del args[at:at + 2]
     overrides = [a for a in args if a != "--markdown"]
-    cfg = compose_config(overrides)
-    requests = workload_requests(cfg)
+    cfg = compose_or_exit(overrides)
+    requests = run_or_exit(workload_requests, cfg)
     frame = length_stats(requests)
     print(f"workload: {cfg.workload.get('name', '?')}  source: {requests.source}")
     print(f"length unit: {requests.length_unit}  dropped rows: {requests.dropped or 'none'}")
     print(markdown(frame) if as_markdown else frame.to_string(float_format=lambda x: f"{x:.2f}"))
+    if types is not None:
+        table = output_length_types(requests, *types)
+        print(f"\noutput types (bins of {types[0]} up to {types[1]}; "
+              f"{table.attrs['beyond']} outputs beyond):")
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 if __name__ == "__main__":
