@@ -217,8 +217,10 @@ def run_target(name: str, quick: bool = False, force: bool = False,
     print(f"{name}: {target.description}", flush=True)
     for sweep, extra in (sweeps or {None: ()}).items():
         where = runs_dir / sweep if sweep else runs_dir
+        # The target's folders are its own: a run of an edited config replaces the old one.
         if target.multirun:
-            command = ["-m", *overrides, *extra, f"hydra.sweep.dir={where}"]
+            command = ["-m", *overrides, *extra, "output.overwrite=true",
+                       f"hydra.sweep.dir={where}"]
         else:
             command = [*overrides, *extra, f"hydra.run.dir={where}"]
         print(f"  python -m replay {' '.join(command)}", flush=True)

@@ -25,6 +25,7 @@ from replay.engine import Engine, RunResult
 from replay.errors import ConfigError
 from replay.fluid import TypeMix, equilibrium, stability_boundary
 from replay.metrics import summarize
+from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
 from replay.requests import RequestError, Requests
 
 log = logging.getLogger(__name__)
@@ -137,16 +138,29 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """Run ``cfg`` and write ``requests.parquet``, ``iterations.parquet`` and ``summary.json``.
 
-    With ``output.skip_existing`` a directory that already holds the summary of
-    the same resolved config is not recomputed (resuming an interrupted sweep).
+    With ``output.skip_existing`` a finished run of the same resolved config is
+    reused, unless an input file changed since or a table is missing
+    (:func:`replay.outputs.stale_reason`); then it is recomputed and the log
+    says why. A folder holding another config's run is refused unless
+    ``output.overwrite``. Files are written atomically, the summary last; tables
+    this run does not write are removed, so none is left from an older run.
     """
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    summary_path = out_dir / "summary.json"
-    if cfg.output.skip_existing and summary_path.is_file():
-        previous = json.loads(summary_path.read_text())
-        if previous.get("config") == resolved:
-            log.info("skipping %s: finished run with the same config", out_dir)
-            return previous
+    tables = [name for name, wanted in zip(TABLES, (cfg.output.request_table,
+                                                    cfg.output.iteration_table), strict=True)
+              if wanted]
+    try:
+        reason = stale_reason(out_dir, resolved, tables)
+    except ValueError as exc:
+        if not cfg.output.get("overwrite", False):
+            raise ConfigError(f"{exc}; choose another folder (hydra.run.dir=...) or set "
+                              f"output.overwrite=true to replace it") from None
+        reason = "output.overwrite=true replaces a run of another config"
+    if reason is None and cfg.output.skip_existing:
+        log.info("skipping %s: finished run with the same config and inputs", out_dir)
+        return read_summary(out_dir / "summary.json")
+    if reason != "no finished run here":
+        log.info("recomputing %s: %s", out_dir, reason)
     started = time.perf_counter()
     result, requests, timing_info = build_and_run(cfg)
     wall = time.perf_counter() - started
@@ -164,12 +178,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "packages": package_versions(),
         "config": resolved,
     })
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.output.request_table:
-        result.requests.to_parquet(out_dir / "requests.parquet", index=False)
-    if cfg.output.iteration_table:
-        result.iterations.to_parquet(out_dir / "iterations.parquet", index=False)
-    summary_path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    frames = {"requests.parquet": result.requests, "iterations.parquet": result.iterations}
+    for name in TABLES:
+        if name in tables:
+            atomic_write(out_dir / name,
+                         lambda tmp, frame=frames[name]: frame.to_parquet(tmp, index=False))
+        else:
+            (out_dir / name).unlink(missing_ok=True)
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     if result.status != "completed":
         log.warning("run ended with status %s: %s", result.status, result.message)
     return summary

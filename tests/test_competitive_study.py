@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -107,3 +109,16 @@ def test_empty_online_trial_is_counted_not_dropped():
     assert row["n"] == 0 and row["status"] == "empty"
     summary = summarize_trials(pd.DataFrame([row], columns=COLUMNS))
     assert summary["empty_trials"] == 1 and summary["proven_optimal"] == 0
+
+
+def test_a_partial_trial_row_is_dropped_and_a_study_extends_in_place(tmp_path):
+    tiny = ("study.workers=1", "study.progress=false", "study.lp_bound=false",
+            "study.n_requests=[3,4]", "study.time_limit_s=5")
+    run(study_config("mcsf_vs_opt_offline_small", *tiny, "study.trials=2"), tmp_path)
+    with (tmp_path / "trials.csv").open("a") as fh:
+        fh.write("2,1234,40")  # an interrupted write: half a row, no newline
+    summary = run(study_config("mcsf_vs_opt_offline_small", *tiny, "study.trials=3"), tmp_path)
+    table = pd.read_csv(tmp_path / "trials.csv")
+    assert sorted(table["trial"]) == [0, 1, 2]
+    assert summary["resumed_trials"] == 2
+    assert json.loads((tmp_path / "study.json").read_text())["trials"] == 3

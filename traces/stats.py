@@ -17,8 +17,8 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.requests import Requests
 from replay.cli import compose_or_exit, fail, run_or_exit
+from replay.requests import Requests
 from replay.run import make_requests
 from replay.workloads import output_length_types
 

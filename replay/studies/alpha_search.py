@@ -32,6 +32,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from replay.errors import InputError  # noqa: E402
 from replay.metrics import summarize  # noqa: E402
+from replay.outputs import append_row, atomic_write_text, drop_partial_last_row  # noqa: E402
 from replay.plots import plot_kv_timelines, save_figure  # noqa: E402
 from replay.run import build_and_run  # noqa: E402
 
@@ -96,6 +97,7 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
     out_dir.mkdir(parents=True, exist_ok=True)
     grid = np.round(np.arange(alpha_start, alpha_stop + alpha_step / 2, alpha_step), 4)
     csv_path = out_dir / "alpha_search.csv"
+    drop_partial_last_row(csv_path)
     table = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame(columns=COLUMNS)
     if "requeue" not in table:
         table.insert(0, "requeue", "front")
@@ -107,8 +109,7 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
     rows = Parallel(n_jobs=workers, return_as="generator_unordered")(
         delayed(_row)(cfg, *item) for item in todo)
     for row in tqdm(rows, total=len(todo), desc="alpha search", disable=not cfg.output.progress):
-        pd.DataFrame([row], columns=COLUMNS).to_csv(
-            csv_path, mode="a", header=not csv_path.is_file(), index=False)
+        append_row(csv_path, row, COLUMNS)
     table = pd.read_csv(csv_path)
     table = table[table["requeue"].isin(requeues) & table["rate"].isin(rates)]
     thresholds = smallest_finishing(table)
@@ -124,5 +125,5 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
                "smallest_alpha": thresholds.to_dict(orient="records"),
                "cycle_status": cycle.status, "length_unit": cfg.workload.get("length_unit"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary

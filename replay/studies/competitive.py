@@ -26,7 +26,6 @@ summary also reports both bounds over all trials.
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -47,6 +46,7 @@ from replay.arrivals import AllAtOnce, PoissonRounds
 from replay.engine import Engine
 from replay.errors import InputError
 from replay.kv import explicit
+from replay.outputs import append_row, atomic_write_text, drop_partial_last_row, read_summary
 from replay.overflow import EvictLIFO
 from replay.requests import Requests
 from replay.run import make_requests, package_versions
@@ -156,15 +156,24 @@ def _study_params(trials, online, kv_tokens, n_requests, horizon, rate, prompt_m
 
 
 def _finished_trials(out_dir: Path, params: dict) -> pd.DataFrame | None:
+    """The trials already in ``out_dir`` (``None`` if none), for a study with ``params``.
+
+    A study with other parameters is refused; only ``trials`` may differ, so a study
+    can be extended in place. A partial last row (an interrupted write) is dropped.
+    """
     study_file, trials_file = out_dir / "study.json", out_dir / "trials.csv"
-    if study_file.is_file():
-        previous = json.loads(study_file.read_text())
-        if previous != params:
-            raise InputError(f"{study_file}: this directory holds a study with other parameters "
-                             f"({previous}); use a new output directory")
-    else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        study_file.write_text(json.dumps(params, indent=1) + "\n")
+    previous = read_summary(study_file) if study_file.is_file() else None
+
+    def without_trials(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k != "trials"}
+
+    if previous is not None and without_trials(previous) != without_trials(params):
+        raise InputError(f"{study_file}: this directory holds a study with other parameters "
+                         f"({previous}); use a new output directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(study_file, json.dumps(params, indent=1) + "\n")
+    if drop_partial_last_row(trials_file):
+        log.warning("%s: dropped a partial last row left by an interrupted run", trials_file)
     if trials_file.is_file() and trials_file.stat().st_size:
         return pd.read_csv(trials_file)
     return None
@@ -192,22 +201,17 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
                  out_dir / "trials.csv")
     started = time.perf_counter()
     trials_file = out_dir / "trials.csv"
-    with trials_file.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        if done is None:
-            writer.writeheader()
-        bar = tqdm(total=len(todo), desc="trials", disable=not progress)
-        for row in _run_trials(todo, params, workers):
-            writer.writerow(row)
-            handle.flush()
-            bar.update(1)
-        bar.close()
+    bar = tqdm(total=len(todo), desc="trials", disable=not progress)
+    for row in _run_trials(todo, params, workers):
+        append_row(trials_file, row, COLUMNS)
+        bar.update(1)
+    bar.close()
     table = pd.read_csv(trials_file).sort_values("trial")
     summary = summarize_trials(table)
     summary.update(wall_time_s=time.perf_counter() - started, resumed_trials=len(finished),
                    params=params, packages=package_versions(), out_dir=str(out_dir))
     plot_histograms(table, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     log.info("%s", format_summary(summary))
     return summary
 

@@ -33,6 +33,7 @@ from replay.fluid import (
     nested_condition_thresholds,
     segment_memory_terms,  # noqa: E402
 )
+from replay.outputs import atomic_write_text  # noqa: E402
 from replay.plots import save_figure  # noqa: E402
 from replay.plots_wait import wait_table  # noqa: E402
 from replay.run import compose_config, make_requests  # noqa: E402
@@ -171,5 +172,5 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, settings: list,
                "best_segments": best[["rate", "horizon", "delta", "segments", "total"]]
                .to_dict(orient="records"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary

@@ -1,0 +1,94 @@
+"""Results that can be trusted after crashes and edits (issue: resume integrity).
+
+Each case drives the command line (exit status and message), not internals.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from replay.outputs import append_row, drop_partial_last_row
+from tests.test_cli import last_json, run_cli
+
+TRACE = "prompt,output\n3,4\n5,2\n2,6\n"
+
+
+def csv_run(trace, out, *extra):
+    return run_cli("workload=csv", f"workload.path={trace}", "workload.prompt_column=prompt",
+                   "workload.output_column=output", "arrivals=all_at_once", "timing=unit",
+                   f"hydra.run.dir={out}", *extra)
+
+
+def test_a_changed_input_file_is_recomputed_not_reused(tmp_path):
+    trace, out = tmp_path / "trace.csv", tmp_path / "run"
+    trace.write_text(TRACE)
+    first = csv_run(trace, out)
+    assert first.returncode == 0, first.stderr
+    assert last_json(first.stdout)["n_requests"] == 3
+    trace.write_text(TRACE + "4,4\n")
+    second = csv_run(trace, out)
+    assert second.returncode == 0, second.stderr
+    assert last_json(second.stdout)["n_requests"] == 4
+    assert "input files changed" in second.stderr + second.stdout
+    assert json.loads((out / "summary.json").read_text())["n_requests"] == 4
+
+
+def test_a_truncated_summary_is_recomputed(tmp_path):
+    trace, out = tmp_path / "trace.csv", tmp_path / "run"
+    trace.write_text(TRACE)
+    assert csv_run(trace, out).returncode == 0
+    text = (out / "summary.json").read_text()
+    (out / "summary.json").write_text(text[: len(text) // 2])
+    again = csv_run(trace, out)
+    assert again.returncode == 0, again.stderr
+    assert "unreadable" in again.stderr + again.stdout
+    assert json.loads((out / "summary.json").read_text())["n_requests"] == 3
+
+
+def test_a_folder_holding_another_config_is_refused_unless_overwrite(tmp_path):
+    trace, out = tmp_path / "trace.csv", tmp_path / "run"
+    trace.write_text(TRACE)
+    assert csv_run(trace, out).returncode == 0
+    refused = csv_run(trace, out, "policy=mcsf")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error:") and str(out) in refused.stderr
+    assert "Traceback" not in refused.stderr
+    replaced = csv_run(trace, out, "policy=mcsf", "output.overwrite=true")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "MCSF" in json.loads((out / "summary.json").read_text())["config"]["policy"][
+        "_target_"]
+
+
+def test_a_reused_folder_keeps_no_table_of_an_older_run(tmp_path):
+    trace, out = tmp_path / "trace.csv", tmp_path / "run"
+    trace.write_text(TRACE)
+    assert csv_run(trace, out).returncode == 0
+    assert (out / "requests.parquet").is_file()
+    again = csv_run(trace, out, "output.request_table=false", "output.overwrite=true")
+    assert again.returncode == 0, again.stderr
+    assert not (out / "requests.parquet").exists()
+    assert (out / "iterations.parquet").is_file()
+
+
+def test_a_missing_table_makes_the_run_recompute(tmp_path):
+    trace, out = tmp_path / "trace.csv", tmp_path / "run"
+    trace.write_text(TRACE)
+    assert csv_run(trace, out).returncode == 0
+    (out / "iterations.parquet").unlink()
+    again = csv_run(trace, out)
+    assert again.returncode == 0 and (out / "iterations.parquet").is_file()
+
+
+def test_rows_are_appended_whole_and_a_partial_last_row_is_dropped(tmp_path):
+    path = tmp_path / "rows.csv"
+    for k in range(3):
+        append_row(path, {"a": k, "b": k * k}, ["a", "b"])
+    assert not drop_partial_last_row(path)
+    with path.open("a") as fh:
+        fh.write("3,")  # an interrupted write
+    assert drop_partial_last_row(path)
+    append_row(path, {"a": 4, "b": 16}, ["a", "b"])
+    table = pd.read_csv(path)
+    assert table["a"].tolist() == [0, 1, 2, 4] and table["b"].tolist() == [0, 1, 4, 16]
