@@ -16,10 +16,13 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from replay.cli import error_summary, fail, is_input_error
 from replay.errors import InputError
+from replay.outputs import atomic_write_text
 from replay.run import CONFIG_DIR, run
 
 
@@ -34,10 +37,15 @@ def main(cfg: DictConfig) -> dict:
     except (InputError, InstantiationException) as exc:
         # Bad input, not a bug: the message names the file, row and field (and, when a
         # component rejects its config, the config key); no traceback.
-        if not isinstance(exc, InputError) and not isinstance(exc.__cause__, InputError):
+        if not is_input_error(exc):
             raise
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            fail(exc)
+        # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
+        # and the sweep's report counts it (replay.cli.SweepReport).
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        summary = error_summary(cfg, exc)
+        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary, default=str), flush=True)
     return summary
 

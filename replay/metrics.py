@@ -36,6 +36,8 @@ def summarize(result: RunResult) -> dict:
     return {
         "status": result.status,
         "message": result.message,
+        # Metrics of an unfinished run cover only the requests completed before it ended.
+        "partial": result.status != "completed",
         "n_requests": int(len(req)),
         "n_completed": int(len(done)),
         "tel": float(latency.sum()),

@@ -80,6 +80,8 @@ def stale_reason(out_dir: Path, resolved: dict, tables: Sequence[str]) -> str | 
     summary = read_summary(summary_path)
     if summary is None:
         return "its summary.json is unreadable (a run interrupted while writing?)"
+    if summary.get("status") == "error":
+        return "it failed before (status error)"
     if result_config(summary.get("config") or {}) != result_config(resolved):
         raise ValueError(f"{out_dir} holds a run of another config")
     changed = changed_inputs(summary.get("input_files", []))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from replay.cli import fail
 from replay.plots import (
     plot_kv_of_sweep,
     plot_latency_vs_n,
@@ -57,6 +58,10 @@ class Target:
     needs_data: bool = False  # reads traces or Vidur profiles from the data directory
     sweeps: dict[str, tuple[str, ...]] | None = None
     quick_sweeps: dict[str, tuple[str, ...]] | None = None
+
+
+class TargetFailed(RuntimeError):
+    """A target's replay command failed (the others still run)."""
 
 
 def in_sweep(sweep: str, figure: Callable[..., list[Path]], **options
@@ -224,7 +229,10 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         else:
             command = [*overrides, *extra, f"hydra.run.dir={where}"]
         print(f"  python -m replay {' '.join(command)}", flush=True)
-        subprocess.run([sys.executable, "-m", "replay", *command], cwd=REPO, check=True)
+        done = subprocess.run([sys.executable, "-m", "replay", *command], cwd=REPO)
+        if done.returncode != 0:
+            raise TargetFailed(f"{name}: `python -m replay {' '.join(command)}` exited with "
+                               f"status {done.returncode} (its last lines above say why)")
     outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
     stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
     for path in outputs:
@@ -241,8 +249,15 @@ def main() -> None:
                         help="where target folders go")
     args = parser.parse_args()
     names = list(TARGETS) if "all" in args.targets else args.targets
+    failed = []
     for name in names:
-        run_target(name, args.quick, args.force, args.outputs)
+        try:
+            run_target(name, args.quick, args.force, args.outputs.resolve())
+        except TargetFailed as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

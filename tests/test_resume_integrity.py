@@ -92,3 +92,33 @@ def test_rows_are_appended_whole_and_a_partial_last_row_is_dropped(tmp_path):
     append_row(path, {"a": 4, "b": 16}, ["a", "b"])
     table = pd.read_csv(path)
     assert table["a"].tolist() == [0, 1, 2, 4] and table["b"].tolist() == [0, 1, 4, 16]
+
+
+def test_a_multirun_goes_on_past_a_failed_job_and_exits_non_zero(tmp_path):
+    proc = run_cli("-m", "experiment=c3_example", "engine.requeue=front,sideways",
+                   f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 1
+    assert "1 of 2 jobs" in proc.stderr and "Traceback" not in proc.stderr
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
+    assert sorted(s["status"] for s in summaries) == ["completed", "error"]
+    error = next(s for s in summaries if s["status"] == "error")
+    assert "engine.requeue" in error["message"] and error["partial"]
+
+
+#: Eight (s=10, o=80) requests fit alpha-protection's admission at M = 100 but not their
+#: growth: clear-all restores the same state forever (tests/test_engine_cases.py).
+LIVELOCK = ("workload=fixed", "workload.groups=[{count:8,prompt_len:10,output_len:80}]",
+            "kv.tokens=100", "timing=unit", "arrivals=all_at_once", "policy=protection",
+            "policy.alpha=0.1")
+
+
+def test_livelock_is_marked_partial_and_fails_a_sweep_only_when_asked(tmp_path):
+    single = run_cli(*LIVELOCK, f"hydra.run.dir={tmp_path / 'one'}")
+    assert single.returncode == 0
+    assert (last_json(single.stdout)["status"], last_json(single.stdout)["partial"]) == (
+        "livelock", True)
+    lenient = run_cli("-m", *LIVELOCK, "seed=0,1", f"hydra.sweep.dir={tmp_path / 'lenient'}")
+    assert lenient.returncode == 0, lenient.stderr
+    strict = run_cli("-m", *LIVELOCK, "seed=0,1", "output.fail_on=[livelock]",
+                     f"hydra.sweep.dir={tmp_path / 'strict'}")
+    assert strict.returncode == 1 and "2 of 2 jobs" in strict.stderr
