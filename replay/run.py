@@ -30,8 +30,18 @@ from replay.requests import RequestError, Requests
 
 log = logging.getLogger(__name__)
 
+def _config_dir() -> Path:
+    """``configs/`` of a source checkout, else the installed ``kvsched_configs`` package."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    import kvsched_configs
+
+    return Path(kvsched_configs.__file__).resolve().parent
+
+
 #: The Hydra config tree of the project (``configs/`` at the repository root).
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = _config_dir()
 
 RECORDED_PACKAGES = ("kvsched", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf",
                      "scipy", "highspy", "ortools", "scikit-learn", "vidur")

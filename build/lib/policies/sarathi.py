@@ -1,0 +1,146 @@
+"""Sarathi-like: decode-prioritising with chunked prefill, non-clairvoyant (POLICIES.md §5).
+
+Modelled on Sarathi-Serve (and Vidur's ``sarathi`` replica scheduler). Every
+iteration has a budget of ``chunk_size`` tokens:
+
+1. Every running request whose prefill is complete decodes one token (one
+   token of budget each). If the running set's blocks after the iteration
+   exceed ``M``, the latest arrivals are preempted until it fits (as vLLM).
+2. The remaining budget goes to prompt chunks: first requests whose prefill
+   is under way (oldest first), then waiting requests in queue order while the
+   running set stays within ``max_num_seqs``. A request decodes after its last
+   chunk, which emits its first token.
+
+KV: by default a chunk's KV is taken when it runs (a request holds what it has
+prefilled), so a chunk is cut to the free blocks, and admission keeps
+``watermark * M`` free. With ``reserve_prompt=true`` admission reserves the
+blocks of the whole prefill (plus the first token) up front, as Vidur's
+Sarathi scheduler does; the engine still records the slots actually written,
+and this policy counts the reserved remainder as used. Output lengths are not
+used.
+
+Where the papers say nothing: with nothing running, the head of the queue is
+admitted even if it would break the watermark; and if requests are part-way
+through their prefill but none can take a chunk for lack of KV (possible only
+without reservation), the latest of them is preempted so the oldest can go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay.errors import ConfigError
+from replay.paging import blocks, preempt_latest_until_fit
+from replay.policy import Batch, OverflowRule, PolicyView
+
+
+@dataclass
+class SarathiLike:
+    overflow: OverflowRule
+    chunk_size: int = 512
+    max_num_seqs: int = 256
+    watermark: float = 0.01
+    reserve_prompt: bool = False
+    block_size: int = 16
+    preemption: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ConfigError(f"policy.chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"policy.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"policy.watermark must be in [0, 1), got {self.watermark}")
+
+    def decide(self, view: PolicyView) -> Batch:
+        block = view.kv_block_size
+        running = view.running
+        remaining = view.prefill_len[running] - view.prefilled[running]
+        # Blocks each running request occupies after this iteration before any new chunk:
+        # decodes grow by one token; prefills keep (or have reserved) their blocks.
+        occupied = np.where(remaining == 0, view.held[running] + 1,
+                            view.prefill_len[running] + 1 if self.reserve_prompt
+                            else view.held[running])
+        occupied = blocks(occupied, block)
+        keep = preempt_latest_until_fit(running, occupied, view.kv_capacity // block)
+        kept, preempted = running[keep], running[~keep]
+        decodes = kept[remaining[keep] == 0]
+        prefilling = kept[remaining[keep] > 0]
+        free = view.kv_capacity // block - int(occupied[keep].sum())
+        plan = _ChunkPlan(view, self.chunk_size - decodes.size, free, self.reserve_prompt)
+        for rid in prefilling:
+            plan.continue_prefill(int(rid))
+        while not plan.chunks and decodes.size == 0 and prefilling.size > 1:
+            # Part-way prefills starve each other of KV: free the latest for the oldest.
+            victim, prefilling = prefilling[-1], prefilling[:-1]
+            preempted = np.append(preempted, victim)
+            plan.free += int(blocks(view.held[victim], block))
+            plan.continue_prefill(int(prefilling[0]))
+        watermark = int(self.watermark * (view.kv_capacity // block))
+        seats = self.max_num_seqs - kept.size
+        for rid in view.waiting:
+            if seats <= 0 or not plan.admit(int(rid), watermark, lone=kept.size + len(plan.started)
+                                            == 0):
+                break
+            seats -= 1
+        advance = np.concatenate((decodes, np.fromiter(
+            (r for r in prefilling if r in plan.chunks), dtype=np.int64)))
+        return Batch(start=np.asarray(plan.started, dtype=np.int64), advance=advance,
+                     preempt=preempted, prefill_chunks=plan.chunks)
+
+
+class _ChunkPlan:
+    """Hands out the iteration's prompt-token budget and free blocks, chunk by chunk."""
+
+    def __init__(self, view: PolicyView, budget: int, free_blocks: int, reserve: bool) -> None:
+        self.view, self.budget, self.free, self.reserve = view, budget, free_blocks, reserve
+        self.block = view.kv_block_size
+        self.chunks: dict[int, int] = {}
+        self.started: list[int] = []
+
+    def _chunk(self, rid: int, room_blocks: int | None) -> int:
+        """The largest chunk of ``rid``'s remaining prefill within budget and room."""
+        view = self.view
+        remaining = int(view.prefill_len[rid] - view.prefilled[rid])
+        chunk = min(remaining, self.budget)
+        if room_blocks is not None:
+            held = int(view.held[rid])
+            room = room_blocks * self.block + (-held) % self.block  # + slack in its last block
+            chunk = min(chunk, room)
+            if chunk == remaining and chunk + 1 > room:
+                chunk = room - 1  # the last chunk also writes token 1: leave it for later
+        return max(chunk, 0)
+
+    def _take(self, rid: int, chunk: int) -> None:
+        view = self.view
+        self.chunks[rid] = chunk
+        self.budget -= chunk
+        if not self.reserve:
+            held = int(view.held[rid])
+            emits = chunk == view.prefill_len[rid] - view.prefilled[rid]
+            self.free -= int(blocks(held + chunk + emits, self.block) - blocks(held, self.block))
+
+    def continue_prefill(self, rid: int) -> None:
+        chunk = self._chunk(rid, None if self.reserve else self.free)
+        if chunk > 0:
+            self._take(rid, chunk)
+
+    def admit(self, rid: int, watermark: int, lone: bool) -> bool:
+        """Start ``rid`` with a first chunk if budget and KV allow; False stops admission."""
+        floor = 0 if lone else watermark
+        if self.reserve:
+            needed = int(blocks(self.view.prefill_len[rid] + 1, self.block))
+            if self.free - needed < floor:
+                return False
+            chunk = self._chunk(rid, None)
+            if chunk > 0:
+                self.free -= needed
+        else:
+            chunk = self._chunk(rid, self.free - floor)
+        if chunk <= 0:
+            return False
+        self._take(rid, chunk)
+        self.started.append(rid)
+        return True

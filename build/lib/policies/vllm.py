@@ -1,0 +1,86 @@
+"""vLLM-like: prefill-prioritising, non-clairvoyant (POLICIES.md §4).
+
+Modelled on vLLM's v0 scheduler (and Vidur's ``vllm`` replica scheduler):
+
+* If requests wait, admit them in queue order while the running set stays
+  within ``max_num_seqs``, the batch's prefill tokens within
+  ``max_num_batched_tokens``, and the free KV after admission at least
+  ``watermark * M``; stop at the first that does not fit. If any is admitted
+  the iteration prefills only those (running decodes pause).
+* Otherwise every running request decodes one token; if their blocks after
+  the iteration exceed ``M``, the latest arrivals are preempted until they fit.
+
+KV is counted in blocks of the engine's ``kv.block_size`` (``block_size`` here
+is the value this policy's yaml asks the engine for: vLLM's 16). A request
+admitted now holds ``prefill_len + 1`` slots after its prefill (MODEL.md: the
+prefill emits token 1), so admission reserves those blocks; vLLM allocates the
+prompt's blocks at admission and the first token's slot at the next step, a
+difference of at most one block per request. Output lengths are not used.
+
+Decisions where vLLM and the spec say nothing: with nothing running, the head
+of the queue is admitted even if it would break the watermark (vLLM would
+reject such a prompt as too long; here it fits ``M`` and must be served), and
+a prefill longer than ``max_num_batched_tokens`` is a configuration error
+(vLLM requires the budget to cover the longest prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay.errors import ConfigError
+from replay.paging import blocks, preempt_latest_until_fit
+from replay.policy import Batch, OverflowRule, PolicyView
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class VLLMLike:
+    overflow: OverflowRule
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    watermark: float = 0.01
+    block_size: int = 16
+    preemption: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"policy.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"policy.max_num_batched_tokens must be >= 1, "
+                              f"got {self.max_num_batched_tokens}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"policy.watermark must be in [0, 1), got {self.watermark}")
+
+    def decide(self, view: PolicyView) -> Batch:
+        block = view.kv_block_size
+        capacity = view.kv_capacity // block
+        running = view.running
+        admitted = self.admit(view, capacity - int(blocks(view.held[running], block).sum()))
+        if admitted.size:
+            return Batch(start=admitted, advance=_EMPTY)
+        keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
+        return Batch(advance=running[keep], preempt=running[~keep])
+
+    def admit(self, view: PolicyView, free_blocks: int) -> np.ndarray:
+        """The prefix of the waiting queue that the three admission limits allow."""
+        waiting = view.waiting[: max(0, self.max_num_seqs - view.running.size)]
+        if waiting.size == 0:
+            return _EMPTY
+        prefill = view.prefill_len[waiting]
+        if prefill[0] > self.max_num_batched_tokens:
+            raise ConfigError(
+                f"policy.max_num_batched_tokens={self.max_num_batched_tokens} is below the "
+                f"{int(prefill[0])}-token prefill of request {int(waiting[0])}; vLLM requires "
+                f"the budget to cover the longest prompt (plus, under recompute, its output)")
+        watermark = int(self.watermark * (view.kv_capacity // view.kv_block_size))
+        needed = np.cumsum(blocks(prefill + 1, view.kv_block_size))
+        fits = (np.cumsum(prefill) <= self.max_num_batched_tokens) & (
+            free_blocks - needed >= watermark)
+        count = int(np.argmin(fits)) if not fits.all() else fits.size
+        if count == 0 and view.running.size == 0:
+            count = 1  # the watermark is waived for a lone request (see the module docstring)
+        return waiting[:count]

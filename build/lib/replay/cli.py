@@ -1,0 +1,95 @@
+"""The one rule every command follows: bad input is one ``error:`` line and exit status 2.
+
+A traceback means a bug. Commands compose their Hydra config and call their work
+through these helpers so that a wrong override, a missing data file or a
+rejected value reads the same everywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
+
+from hydra.errors import HydraException, InstantiationException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from replay.errors import InputError
+
+T = TypeVar("T")
+
+
+def fail(message: object) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
+    """The config ``python -m replay OVERRIDES`` would run, or exit 2 naming what is wrong."""
+    from replay.run import compose_config
+
+    try:
+        return compose_config(overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """Bad input: an InputError, or a component that rejected its config with one."""
+    return isinstance(exc, InputError) or (
+        isinstance(exc, InstantiationException) and isinstance(exc.__cause__, InputError))
+
+
+def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
+    try:
+        return work(*args, **kwargs)
+    except (InputError, InstantiationException) as exc:
+        if not is_input_error(exc):
+            raise
+        fail(exc)
+
+
+def error_summary(cfg: DictConfig, exc: BaseException) -> dict:
+    """The summary a sweep job leaves when its input was rejected."""
+    from omegaconf import OmegaConf
+
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:
+        config = OmegaConf.to_container(cfg, resolve=False)
+    return {"status": "error", "message": str(exc), "partial": True, "config": config}
+
+
+class SweepReport:
+    """Hydra callback: after a multirun, one line counting the jobs that failed.
+
+    Counts every job folder under ``hydra.sweep.dir`` whose summary has status
+    ``error``, or one of ``output.fail_on`` (e.g. ``[livelock, stalled]``), and
+    then exits with status 1, so a script cannot miss a failed sweep.
+    """
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        import json
+        from pathlib import Path
+
+        from replay.outputs import read_summary
+
+        fail_on = {"error", *config.output.get("fail_on", [])}
+        sweep = Path(config.hydra.sweep.dir)
+        summaries = [read_summary(p) or {} for p in sorted(sweep.glob("*/summary.json"))]
+        failed = [s.get("status") for s in summaries if s.get("status") in fail_on]
+        if failed:
+            counts = {k: failed.count(k) for k in sorted(set(failed))}
+            print(f"error: {len(failed)} of {len(summaries)} jobs in {sweep} failed "
+                  f"({json.dumps(counts)}); their summary.json says why", file=sys.stderr,
+                  flush=True)
+            sys.exit(1)
+
+    # Hydra calls these too; nothing to do.
+    def on_run_start(self, config, **kwargs) -> None: ...
+    def on_run_end(self, config, **kwargs) -> None: ...
+    def on_multirun_start(self, config, **kwargs) -> None: ...
+    def on_job_start(self, config, **kwargs) -> None: ...
+    def on_job_end(self, config, job_return, **kwargs) -> None: ...
+    def on_compose_config(self, config, config_name, overrides) -> None: ...

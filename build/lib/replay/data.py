@@ -1,0 +1,50 @@
+"""The data directory: where traces and Vidur profiles are read from.
+
+Resolved from the ``data_dir`` config option, which defaults to the environment
+variable ``KVSCHED_DATA_DIR``. Files are never copied into the repository; on a
+machine with internet access ``python -m traces.fetch`` downloads them there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+from replay.errors import InputError
+
+FETCH_HINT = (
+    "Set the data directory with the environment variable KVSCHED_DATA_DIR or the "
+    "option data_dir=/path/to/data, or download the files there with "
+    "`python -m traces.fetch --data-dir /path/to/data` (needs internet; see README, "
+    "'Data directory')."
+)
+
+
+class MissingDataError(InputError, FileNotFoundError):
+    """A data file the config names is not in the data directory."""
+
+
+def require_file(path: str | Path, what: str) -> Path:
+    """Return ``path`` if it exists, else fail saying where the file comes from."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise MissingDataError(f"{what}: file not found: {p}. {FETCH_HINT}")
+    return p
+
+
+@lru_cache(maxsize=64)
+def _sha256(path: str, mtime_ns: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_record(path: str | Path) -> dict:
+    """``{"path", "sha256", "bytes"}`` for the provenance section of a summary."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return {"path": str(p), "sha256": _sha256(str(p), st.st_mtime_ns, st.st_size),
+            "bytes": st.st_size}

@@ -1,0 +1,438 @@
+"""The iteration-level replay engine (MODEL.md §3): one engine for every policy and backend.
+
+The engine owns the clock, the arrival stream, KV accounting, evictions,
+completions and metrics. At every step it releases arrivals, asks the policy
+for a :class:`~replay.policy.Batch`, checks the KV the batch would hold after
+the iteration against ``M`` (applying the policy's overflow rule and charging
+the failed attempt if it does not fit), prices the iteration with the timing
+backend, and advances every request in the batch.
+
+Two semantics are options (MODEL.md §3.4), both recorded in every summary:
+
+* ``preemption``: what an evicted or preempted request keeps. ``restart`` (the
+  papers' model): nothing; it prefills its prompt again. ``recompute``
+  (vLLM's): the tokens it emitted; readmitted, it prefills ``s + generated``
+  tokens in one attempt (chunkable), the last prefill iteration emits its next
+  token, and it continues. Its first-token time and token gaps carry over.
+* ``requeue``: where it re-enters the waiting queue. ``front``: at its original
+  arrival position; ``back``: behind everything waiting, as if newly arrived.
+  The queue order is a per-request key assigned when a request enters the
+  queue (arrival, or ``back`` requeue); the view's ``waiting`` is in key order.
+
+``max_running`` (optional) caps the running set for every policy: admissions
+beyond it are cut, keeping the first ones of the policy's list (a prefix keeps
+a lookahead-feasible set feasible).
+
+State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
+workload position), so each step costs a handful of vectorised operations over
+the batch and the waiting queue, never over the whole trace.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from replay.errors import ConfigError
+from replay.histogram import LogHistogram
+from replay.kv import KVCapacity
+from replay.paging import blocks
+from replay.policy import Batch, Policy, PolicyView
+from replay.requests import Requests
+from replay.timing.base import BatchShape, TimingBackend
+
+FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+PREEMPTION_MODES = ("restart", "recompute")
+REQUEUE_POSITIONS = ("front", "back")
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class DecisionError(RuntimeError):
+    """A policy returned a decision the engine cannot carry out (a policy bug)."""
+
+
+@dataclass
+class RunResult:
+    """Everything a replay produced.
+
+    ``status`` is ``"completed"``, ``"livelock"`` (no completion within
+    ``livelock_window`` steps while work remained), ``"stalled"`` (the policy
+    scheduled nothing although work remained and no arrival was left) or
+    ``"step_limit"``. Tables hold the metrics up to the end of the run.
+    ``decision_time_s`` is the wall time spent inside the policy's ``decide``.
+    ``token_gaps`` is the distribution of every time-between-tokens gap the
+    engine executed (see :class:`replay.histogram.LogHistogram`).
+    """
+
+    status: str
+    message: str
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    kv: KVCapacity
+    livelock_window: int
+    decision_time_s: float
+    preemption: str
+    requeue: str
+    token_gaps: LogHistogram
+    policy_info: dict | None = None  # what the policy derived (thresholds...), if it says
+    fluid: dict | None = None  # the fluid benchmark of a typed workload (replay.run)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def default_livelock_window(requests: Requests) -> int:
+    """Steps without a completion after which a run is declared livelocked.
+
+    A policy that keeps advancing what it started completes some request within
+    ``max(s_i + o_i)`` iterations (even at one prompt token per chunk), so four
+    times that, plus slack for arrivals and failed attempts, only trips on
+    cycles.
+    """
+    return 4 * int((requests.prompt_len + requests.output_len).max(initial=1)) + 100
+
+
+class Engine:
+    """Replays ``requests`` under ``policy``; construct once per run, then :meth:`run`."""
+
+    def __init__(self, requests: Requests, policy: Policy, timing: TimingBackend,
+                 kv: KVCapacity, seed: int = 0, livelock_window: int | None = None,
+                 max_steps: int | None = None, progress: bool = False,
+                 validate_decisions: bool = True, preemption: str = "restart",
+                 requeue: str = "front", max_running: int | None = None) -> None:
+        if requests.arrival is None:
+            raise ValueError("Engine: requests have no arrival times; assign arrivals first")
+        if preemption not in PREEMPTION_MODES:
+            raise ConfigError(f"engine.preemption must be one of {PREEMPTION_MODES}, "
+                              f"got {preemption!r}")
+        if requeue not in REQUEUE_POSITIONS:
+            raise ConfigError(f"engine.requeue must be one of {REQUEUE_POSITIONS}, "
+                              f"got {requeue!r}")
+        if max_running is not None and max_running < 1:
+            raise ConfigError(f"engine.max_running must be >= 1 or null, got {max_running}")
+        self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
+        requests.validate(kv.tokens)
+        self.requests = requests
+        self.policy = policy
+        self.timing = timing
+        self.kv = kv
+        self.livelock_window = livelock_window or default_livelock_window(requests)
+        self.max_steps = max_steps
+        self.progress = progress
+        self.validate_decisions = validate_decisions
+        policy_seed, overflow_seed = np.random.SeedSequence([seed, 0xE5]).spawn(2)
+        self.policy_rng = np.random.default_rng(policy_seed)
+        self.overflow_rng = np.random.default_rng(overflow_seed)
+
+        # Engine id = rank in (arrival, workload position) order.
+        self.order = np.lexsort((np.arange(len(requests)), requests.arrival))
+        self.arrival = requests.arrival[self.order].astype(np.float64)
+        self.prompt_len = requests.prompt_len[self.order].astype(np.int64)
+        self.output_len = requests.output_len[self.order].astype(np.int64)
+        n = len(requests)
+        lo = requests.predicted_lo if requests.predicted_lo is not None else requests.output_len
+        hi = requests.predicted_hi if requests.predicted_hi is not None else requests.output_len
+        self.predicted_lo = lo[self.order].astype(np.int64)
+        self.predicted_hi = hi[self.order].astype(np.int64)
+        # The point estimate policies plan with: the interval's upper end, which is
+        # the truth when predictions are exact (a policy may refine its own copy).
+        self.predicted_output = self.predicted_hi
+        types = requests.type_id if requests.type_id is not None else np.full(n, -1)
+        self.type_id = np.asarray(types)[self.order].astype(np.int64)
+
+        self.status = np.zeros(n, dtype=np.int8)
+        # Tokens the current attempt must prefill: s, or s + kept tokens after a recompute.
+        self.prefill_len = self.prompt_len.copy()
+        self.prefilled = np.zeros(n, dtype=np.int64)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.held = np.zeros(n, dtype=np.int64)
+        self.start_iteration = np.full(n, -1, dtype=np.int64)
+        self.start_time = np.full(n, np.nan)
+        self.first_token_time = np.full(n, np.nan)
+        self.completion_time = np.full(n, np.nan)
+        self.evictions = np.zeros(n, dtype=np.int64)
+        self.last_token_time = np.full(n, np.nan)
+        self.max_token_gap = np.full(n, np.nan)
+        self.token_gaps = LogHistogram()
+        # Queue position: requests wait in ascending key; a key is given on entering the queue.
+        self.queue_key = np.arange(n, dtype=np.int64)
+        self._next_queue_key = n
+        self._gain_scratch = np.zeros(n, dtype=np.int64)
+        self._id_scratch = np.zeros(n, dtype=np.int64)
+
+    # ------------------------------------------------------------------ helpers
+    def _check_ids(self, ids, expected: int, what: str) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if not self.validate_decisions or ids.size == 0:
+            return ids
+        if ids.min() < 0 or ids.max() >= self.status.size:
+            raise DecisionError(f"{type(self.policy).__name__}: {what} has unknown request ids")
+        wrong = ids[self.status[ids] != expected]
+        if wrong.size:
+            state = {FUTURE: "not arrived", WAITING: "waiting", RUNNING: "running",
+                     DONE: "completed"}
+            raise DecisionError(
+                f"{type(self.policy).__name__}: {what} names request {int(wrong[0])} which is "
+                f"{state[int(self.status[wrong[0]])]}")
+        seen = self._id_scratch
+        seen[ids] += 1
+        repeated = seen[ids].max() > 1
+        seen[ids] = 0
+        if repeated:
+            raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")
+        return ids
+
+    def _evict(self, victims: np.ndarray) -> int:
+        """Free the KV of running ``victims`` and return them to the waiting queue.
+
+        Under ``restart`` they lose every token; under ``recompute`` they keep the
+        tokens emitted so far and must prefill ``s + generated`` when readmitted.
+        """
+        victims = victims[self.status[victims] == RUNNING]
+        if victims.size == 0:
+            return 0
+        freed = int(self.held[victims].sum())
+        self.status[victims] = WAITING
+        self.prefilled[victims] = 0
+        if self.preemption == "restart":
+            self.generated[victims] = 0
+            self.first_token_time[victims] = np.nan
+            self.last_token_time[victims] = np.nan
+            self.max_token_gap[victims] = np.nan
+        self.prefill_len[victims] = self.prompt_len[victims] + self.generated[victims]
+        self.held[victims] = 0
+        self.start_iteration[victims] = -1
+        self.evictions[victims] += 1
+        self.kv_held -= freed
+        self.running = self.running[self.status[self.running] == RUNNING]
+        victims = victims[np.argsort(self.queue_key[victims], kind="stable")]
+        if self.requeue == "back":
+            keys = np.arange(self._next_queue_key, self._next_queue_key + victims.size)
+            self.queue_key[victims] = keys
+            self._next_queue_key += victims.size
+            self.waiting = np.concatenate((self.waiting, victims))
+        else:
+            merged = np.concatenate((self.waiting, victims))
+            self.waiting = merged[np.argsort(self.queue_key[merged], kind="stable")]
+        return int(victims.size)
+
+    def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
+                        ) -> np.ndarray:
+        chunk = remaining_prompt.copy()
+        if batch.prefill_chunks:
+            position = self._id_scratch  # zero between uses; 1-based positions while in use
+            position[members] = np.arange(1, members.size + 1)
+            rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64)
+            tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64)
+            known = (rids >= 0) & (rids < position.size)
+            k = np.where(known, position[np.where(known, rids, 0)], 0) - 1
+            position[members] = 0
+            bad = (k < 0) | (tokens < 1) | (tokens > remaining_prompt[np.maximum(k, 0)])
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise DecisionError(
+                    f"{type(self.policy).__name__}: prefill chunk {int(tokens[i])} for request "
+                    f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
+            chunk[k] = tokens
+        return chunk
+
+    # --------------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        n = self.status.size
+        arrival, prompt_len, output_len = self.arrival, self.prompt_len, self.output_len
+        capacity, block = self.kv.tokens, self.kv.block_size
+        self.waiting, self.running, self.kv_held = _EMPTY, _EMPTY, 0
+        view = PolicyView(
+            kv_capacity=capacity, arrival=_frozen(arrival), prompt_len=_frozen(prompt_len),
+            predicted_output=_frozen(self.predicted_output),
+            predicted_lo=_frozen(self.predicted_lo), predicted_hi=_frozen(self.predicted_hi),
+            type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
+            generated=_frozen(self.generated), held=_frozen(self.held),
+            start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
+            kv_block_size=block, prefill_len=_frozen(self.prefill_len))
+        rows: dict[str, list] = {k: [] for k in (
+            "start_time", "duration", "batch_size", "n_started", "prefill_tokens",
+            "decode_requests", "kv_peak", "kv_after", "n_completed", "n_evicted", "failed")}
+        now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
+        decision_time = 0.0
+        status, message = "completed", ""
+        bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
+
+        while completed < n:
+            if released < n and arrival[released] <= now:
+                upto = int(np.searchsorted(arrival, now, side="right"))
+                self.status[released:upto] = WAITING
+                arrived = np.arange(released, upto)
+                if self._next_queue_key > n:  # a `back` requeue happened: queue behind it
+                    self.queue_key[arrived] = np.arange(self._next_queue_key,
+                                                        self._next_queue_key + arrived.size)
+                    self._next_queue_key += arrived.size
+                self.waiting = np.concatenate((self.waiting, arrived))
+                released = upto
+            next_arrival = arrival[released] if released < n else np.inf
+            if self.waiting.size == 0 and self.running.size == 0:
+                now = float(next_arrival)
+                continue
+            if idle_steps > self.livelock_window:
+                status = "livelock"
+                message = (f"no request completed in {idle_steps} steps with "
+                           f"{n - completed} unfinished (livelock_window={self.livelock_window})")
+                break
+            if self.max_steps is not None and steps >= self.max_steps:
+                status, message = "step_limit", f"stopped after max_steps={self.max_steps}"
+                break
+
+            view.now, view.iteration, view.kv_held = now, iteration, self.kv_held
+            view.waiting, view.running = _frozen(self.waiting), _frozen(self.running)
+            view.next_arrival = float(next_arrival)
+            decide_started = time.perf_counter()
+            batch = self.policy.decide(view)
+            decision_time += time.perf_counter() - decide_started
+
+            n_evicted = 0
+            if batch.preempt is not None and len(batch.preempt):
+                n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
+            start = self._check_ids(batch.start, WAITING, "start")
+            if self.max_running is not None and self.running.size + start.size > self.max_running:
+                # A cap on running requests for every policy (a serving engine's batch limit):
+                # the policy's admissions are cut to the first ones in its order.
+                start = start[: max(0, self.max_running - self.running.size)]
+            advance = (self.running if batch.advance is None
+                       else self._check_ids(batch.advance, RUNNING, "advance"))
+            members = np.concatenate((advance, start)) if start.size else advance
+            if members.size == 0:
+                if released < n:
+                    now = float(next_arrival)
+                    continue
+                status = "stalled"
+                message = (f"{type(self.policy).__name__} scheduled nothing with "
+                           f"{n - completed} requests unfinished and no arrivals left")
+                break
+
+            held_before = self.held[members]
+            remaining_prompt = self.prefill_len[members] - self.prefilled[members]
+            is_prefill = remaining_prompt > 0
+            chunk = self._prefill_chunks(batch, members, remaining_prompt)
+            prefill_tokens = np.where(is_prefill, chunk, 0)
+            emits = ~is_prefill | (chunk == remaining_prompt)
+            gain = prefill_tokens + emits
+            shape = BatchShape(new_tokens=np.where(is_prefill, chunk, 1), context=held_before,
+                               is_prefill=is_prefill)
+            duration = float(self.timing.duration(shape))
+            gain_total = int(gain.sum())
+            prefill_total = int(prefill_tokens.sum())
+            n_decode = members.size - int(is_prefill.sum())
+            kv_peak = self.kv_held + gain_total
+            if block > 1 or kv_peak > capacity:
+                holders = np.concatenate((self.running, start)) if start.size else self.running
+                scratch = self._gain_scratch
+                scratch[members] = gain
+                held_after = self.held[holders] + scratch[holders]
+                scratch[members] = 0
+                if block > 1:
+                    kv_peak = int(blocks(held_after, block).sum()) * block
+            steps += 1
+            if kv_peak > capacity:
+                victims = np.asarray(
+                    self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng,
+                                               self.running.size),
+                    dtype=np.int64)
+                if victims.size and not np.isin(victims, holders).all():
+                    raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
+                                        f"a request that holds no KV in this batch")
+                n_evicted += self._evict(victims)
+                self._record(rows, now, duration, members.size, start.size, prefill_total,
+                             n_decode, kv_peak, 0, n_evicted, True)
+                now += duration
+                idle_steps += 1
+                continue
+
+            if start.size:
+                self.status[start] = RUNNING
+                self.start_iteration[start] = iteration
+                self.start_time[start] = now
+                self.running = np.concatenate((self.running, start))
+                self.waiting = self.waiting[self.status[self.waiting] == WAITING]
+            end = now + duration
+            self.prefilled[members] += prefill_tokens
+            self.generated[members] += emits
+            self.held[members] += gain
+            self.kv_held += gain_total
+            emitters = members[emits]
+            tokens = self.generated[emitters]
+            self.first_token_time[emitters[tokens == 1]] = end
+            later = emitters[tokens > 1]
+            if later.size:
+                gaps = end - self.last_token_time[later]
+                self.token_gaps.add(gaps)
+                self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
+            self.last_token_time[emitters] = end
+            finished = members[self.generated[members] == output_len[members]]
+            if finished.size:
+                self.completion_time[finished] = end
+                self.status[finished] = DONE
+                self.kv_held -= int(self.held[finished].sum())
+                self.held[finished] = 0
+                self.running = self.running[self.status[self.running] == RUNNING]
+                completed += int(finished.size)
+                idle_steps = 0
+                bar.update(int(finished.size))
+            else:
+                idle_steps += 1
+            self._record(rows, now, duration, members.size, start.size, prefill_total,
+                         n_decode, kv_peak, finished.size, n_evicted, False)
+            now = end
+            iteration += 1
+        bar.close()
+        return RunResult(status, message, self._request_table(), pd.DataFrame(rows), self.kv,
+                         self.livelock_window, decision_time, self.preemption, self.requeue,
+                         self.token_gaps)
+
+    def _record(self, rows, now, duration, batch_size, n_started, prefill_tokens, n_decode,
+                kv_peak, n_completed, n_evicted, failed) -> None:
+        rows["start_time"].append(now)
+        rows["duration"].append(duration)
+        rows["batch_size"].append(int(batch_size))
+        rows["n_started"].append(int(n_started))
+        rows["prefill_tokens"].append(prefill_tokens)
+        rows["decode_requests"].append(n_decode)
+        rows["kv_peak"].append(int(kv_peak))
+        rows["kv_after"].append(int(self.kv_held))
+        rows["n_completed"].append(int(n_completed))
+        rows["n_evicted"].append(int(n_evicted))
+        rows["failed"].append(bool(failed))
+
+    def _request_table(self) -> pd.DataFrame:
+        """Per-request results in workload order (``request_id`` = position in the workload)."""
+        back = np.empty_like(self.order)
+        back[self.order] = np.arange(self.order.size)
+        r = self.requests
+        table = pd.DataFrame({
+            "request_id": np.arange(len(r)),
+            "source_row": r.source_row if r.source_row is not None else np.arange(len(r)),
+            "arrival": r.arrival,
+            "prompt_len": r.prompt_len,
+            "output_len": r.output_len,
+            "start": self.start_time[back],
+            "first_token": self.first_token_time[back],
+            "completion": self.completion_time[back],
+            "evictions": self.evictions[back],
+            "tokens_generated": self.generated[back],
+        })
+        table["latency"] = table["completion"] - table["arrival"]
+        table["ttft"] = table["first_token"] - table["arrival"]
+        table["completed"] = self.status[back] == DONE
+        # Mean gap telescopes: (last token - first token) / (tokens - 1).
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table["tbt_mean"] = np.where(
+                table["completed"] & (table["output_len"] > 1),
+                (table["completion"] - table["first_token"]) / (table["output_len"] - 1), np.nan)
+        table["tbt_max"] = self.max_token_gap[back]
+        return table

@@ -1,0 +1,14 @@
+"""The base class of every error caused by bad input (files, rows, config values).
+
+``python -m replay`` reports these as one line naming what is wrong and exits with
+status 2; anything else (a policy bug, say) keeps its traceback.
+"""
+
+
+class InputError(Exception):
+    """Bad input the user can fix: a missing or malformed file, an impossible request,
+    an invalid option."""
+
+
+class ConfigError(InputError, ValueError):
+    """A config value a component rejects (named by its config key in the message)."""

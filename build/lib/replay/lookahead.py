@@ -1,0 +1,97 @@
+"""The lookahead memory check shared by every policy that plans with output lengths.
+
+Starting the set ``U`` now is feasible iff, for every future completion
+iteration of a request in ``S ∪ U`` (running plus started), the KV held then by
+``S ∪ U`` is at most ``M`` (POLICIES.md, "Lookahead feasibility"). Between
+completions footprints only grow, so the completion iterations are the peaks.
+
+In iterations counted from now (``c = 1`` is the end of the coming
+iteration), request ``j`` holds ``base_j + c`` while ``c <= remaining_j``:
+``base_j = s_j + generated_j`` and ``remaining_j`` is the iterations it still
+needs. Sorting by ``remaining`` descending, the KV at checkpoint
+``remaining[k]`` is ``cumsum(base)[k] + (k + 1) * remaining[k]`` (entries tied
+with ``k`` only add to it), so the whole check is one sort and one cumsum.
+
+With paged memory (``block_size > 1``) a request holding ``h`` slots occupies
+``ceil(h / block_size)`` whole blocks. Footprints still only grow between
+completions, so the checkpoints are the same, but the sum no longer telescopes:
+the check evaluates every checkpoint explicitly (``O(n * checkpoints)``, only in
+that mode).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.paging import blocks
+from replay.policy import PolicyView
+
+
+def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int:
+    """Largest KV held at any future completion iteration by requests ``(base, remaining)``."""
+    if base.size == 0:
+        return 0
+    if block_size > 1:
+        checkpoints = np.unique(remaining)[:, None]
+        held = base[None, :] + checkpoints
+        slots = blocks(held, block_size) * block_size
+        return int(np.where(remaining[None, :] >= checkpoints, slots, 0).sum(axis=1).max())
+    order = np.argsort(-remaining, kind="stable")
+    return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
+
+
+def running_profile(view: PolicyView, estimate: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``(base, remaining)`` of the running set, assuming every running request advances.
+
+    ``estimate`` replaces the view's ``predicted_output``; a request that has
+    already generated its estimate is assumed to need one more iteration. A
+    request still prefilling in chunks is counted as if its prompt were in KV
+    (conservative).
+    """
+    run = view.running
+    est = view.predicted_output if estimate is None else estimate
+    generated = view.generated[run]
+    return view.prompt_len[run] + generated, np.maximum(est[run] - generated, 1)
+
+
+def admissible_prefix(view: PolicyView, candidates: np.ndarray,
+                      estimate: np.ndarray | None = None) -> int:
+    """Length of the longest prefix of ``candidates`` that can start now.
+
+    Feasibility is monotone in the prefix (adding a request never lowers the
+    KV at any checkpoint), so "walk the list and stop at the first failure"
+    equals "the longest feasible prefix", found by galloping then bisection:
+    ``O(log k)`` vectorised checks for an answer ``k``.
+    """
+    if candidates.size == 0:
+        return 0
+    est = view.predicted_output if estimate is None else estimate
+    run_base, run_rem = running_profile(view, est)
+    # A waiting request that kept tokens (recompute preemption) re-prefills them.
+    cand_base = view.prefill_len[candidates]
+    cand_rem = np.maximum(est[candidates] - view.generated[candidates], 1)
+    budget = view.kv_capacity
+    # Necessary condition at the first checkpoint bounds the prefix length.
+    first = int(run_base.sum()) + run_base.size
+    upper = int(np.searchsorted(np.cumsum(cand_base + 1), budget - first, side="right"))
+    if upper == 0:
+        return 0
+
+    def fits(k: int) -> bool:
+        base = np.concatenate((run_base, cand_base[:k]))
+        rem = np.concatenate((run_rem, cand_rem[:k]))
+        return peak_kv(base, rem, view.kv_block_size) <= budget
+
+    if fits(upper):
+        return upper
+    good, bad = 0, 1
+    while bad < upper and fits(bad):
+        good, bad = bad, min(2 * bad, upper)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good

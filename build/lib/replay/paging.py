@@ -1,0 +1,33 @@
+"""Block (paged-attention) accounting shared by the serving-style policies.
+
+The engine counts KV in whole blocks when ``kv.block_size > 1``: a request
+holding ``h`` slots occupies ``ceil(h / block_size)`` blocks, and an iteration
+runs only if the blocks held after it fit in ``M / block_size``. The vLLM-like
+and Sarathi-like policies plan with the same arithmetic, so their batches never
+trip the engine's overflow check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def blocks(tokens, block_size: int):
+    """Blocks needed to hold ``tokens`` slots (elementwise)."""
+    return -(-np.asarray(tokens) // block_size)
+
+
+def preempt_latest_until_fit(ids: np.ndarray, blocks_after: np.ndarray,
+                             capacity_blocks: int) -> np.ndarray:
+    """Which of ``ids`` to keep so that their ``blocks_after`` fit ``capacity_blocks``.
+
+    vLLM's FCFS priority: the request that arrived last (largest engine id) is
+    preempted first. Returns a boolean mask over ``ids`` (True = kept).
+    """
+    keep = np.ones(ids.size, dtype=bool)
+    excess = int(blocks_after.sum()) - capacity_blocks
+    if excess > 0:
+        latest_first = np.argsort(ids, kind="stable")[::-1]
+        freed = np.cumsum(blocks_after[latest_first])
+        keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
+    return keep

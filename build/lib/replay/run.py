@@ -1,0 +1,202 @@
+"""Build a replay from a resolved config, run it, and write its outputs.
+
+A run is a pure function of its config: the seed is split into independent
+streams for the workload, the arrival process and the engine, and everything
+a result depends on (resolved config, input files with hashes, package
+versions) is written next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from replay.engine import Engine, RunResult
+from replay.errors import ConfigError
+from replay.fluid import TypeMix, equilibrium, stability_boundary
+from replay.metrics import summarize
+from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
+from replay.requests import RequestError, Requests
+
+log = logging.getLogger(__name__)
+
+def _config_dir() -> Path:
+    """``configs/`` of a source checkout, else the installed ``kvsched_configs`` package."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    import kvsched_configs
+
+    return Path(kvsched_configs.__file__).resolve().parent
+
+
+#: The Hydra config tree of the project (``configs/`` at the repository root).
+CONFIG_DIR = _config_dir()
+
+RECORDED_PACKAGES = ("kvsched", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf",
+                     "scipy", "highspy", "ortools", "scikit-learn", "vidur")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in RECORDED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def compose_config(overrides=()) -> DictConfig:
+    """The config ``python -m replay OVERRIDES`` would run, for scripts and tests
+    (and for studies, inside a running Hydra app, which has Hydra initialised)."""
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def make_requests(workload, arrivals, seed: int, time_unit: str,
+                  workload_seed: int | None = None) -> Requests:
+    """Draw the request lengths and their arrival times from independent seeded streams.
+
+    The lengths come from ``workload_seed`` when given (``None``: ``seed``), so that a
+    study can keep one request set and re-draw only the arrivals (EXPERIMENTS.md A4).
+    """
+    if getattr(workload, "defines_arrivals", False) and not getattr(
+            arrivals, "replays_workload_times", False):
+        raise ConfigError(f"workload {workload.name} generates its own arrival times (Poisson "
+                          f"per type); run it with arrivals=trace")
+    length_stream, arrival_stream = np.random.SeedSequence([seed, 0xA7]).spawn(2)
+    if workload_seed is not None:
+        length_stream = np.random.SeedSequence([workload_seed, 0xA7]).spawn(2)[0]
+    workload_rng = np.random.default_rng(length_stream)
+    arrival_rng = np.random.default_rng(arrival_stream)
+    if arrivals.sets_count:
+        times = arrivals.sample(arrival_rng, None)
+        requests = workload.sample(workload_rng, n=len(times))
+    else:
+        requests = workload.sample(workload_rng)
+        times = arrivals.sample(arrival_rng, len(requests), requests.arrival)
+    if time_unit == "rounds" and not np.all(np.mod(times, 1) == 0):
+        raise RequestError(f"{type(arrivals).__name__}: unit-time replays need arrivals on integer "
+                           f"rounds; use arrivals=all_at_once or arrivals=poisson_rounds")
+    return requests.with_arrivals(times)
+
+
+def fluid_benchmark(types, cfg: DictConfig, time_unit: str) -> dict:
+    """The fluid equilibrium of a typed workload's (effective) rates, recorded with its run.
+
+    Unit time: one round per iteration (``d0 = 1``). Otherwise the linear coefficients
+    of the model and hardware (``model.linear_timing``, fitted to Vidur), whichever
+    backend ran: they define the stability boundary the B figures mark.
+    """
+    mix = TypeMix.from_types(list(types))
+    if time_unit == "rounds":
+        d0, d1, d2, source = 1.0, 0.0, 0.0, "unit time: d0 = 1 round"
+    else:
+        linear = cfg.model.linear_timing[cfg.hardware.name]
+        d0, d1, d2 = float(linear.d0), float(linear.d1), float(linear.d2)
+        source = f"model.linear_timing.{cfg.hardware.name} of {cfg.model.name}"
+    return {"coefficients": {"d0": d0, "d1": d1, "d2": d2, "source": source},
+            "total_rate": float(mix.rate.sum()), "rates": mix.rate.tolist(),
+            "rate_scale_at_boundary": stability_boundary(mix, d1, d2),
+            **equilibrium(mix, d0, d1, d2)}
+
+
+def known_types(cfg: DictConfig, workload) -> dict:
+    """A policy that reads the workload's types (``types: ${workload.types}``) gets its
+    effective ones: a typed workload rescales its rates by ``total_rate`` or ``load``."""
+    if (cfg.policy.get("types") is not None and getattr(workload, "types", None) is not None
+            and cfg.policy.types == cfg.workload.get("types")):
+        return {"types": [dict(t) for t in workload.types]}
+    return {}
+
+
+def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
+    """Instantiate every component of ``cfg`` and replay it."""
+    kv = instantiate(cfg.kv)
+    timing = instantiate(cfg.timing)
+    workload = instantiate(cfg.workload)
+    requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit,
+                             cfg.get("workload_seed"))
+    policy = instantiate(cfg.policy, **known_types(cfg, workload))
+    engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
+                    livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
+                    progress=cfg.output.progress,
+                    validate_decisions=cfg.engine.validate_decisions,
+                    preemption=cfg.engine.preemption, requeue=cfg.engine.requeue,
+                    max_running=cfg.engine.max_running)
+    result = engine.run()
+    if hasattr(policy, "describe"):
+        result.policy_info = policy.describe()
+    if getattr(workload, "types", None) is not None:
+        result.fluid = fluid_benchmark(workload.types, cfg, timing.time_unit)
+    return result, requests, timing.describe()
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Run ``cfg`` and write ``requests.parquet``, ``iterations.parquet`` and ``summary.json``.
+
+    With ``output.skip_existing`` a finished run of the same resolved config is
+    reused, unless an input file changed since or a table is missing
+    (:func:`replay.outputs.stale_reason`); then it is recomputed and the log
+    says why. A folder holding another config's run is refused unless
+    ``output.overwrite``. Files are written atomically, the summary last; tables
+    this run does not write are removed, so none is left from an older run.
+    """
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    tables = [name for name, wanted in zip(TABLES, (cfg.output.request_table,
+                                                    cfg.output.iteration_table), strict=True)
+              if wanted]
+    try:
+        reason = stale_reason(out_dir, resolved, tables)
+    except ValueError as exc:
+        if not cfg.output.get("overwrite", False):
+            raise ConfigError(f"{exc}; choose another folder (hydra.run.dir=...) or set "
+                              f"output.overwrite=true to replace it") from None
+        reason = "output.overwrite=true replaces a run of another config"
+    if reason is None and cfg.output.skip_existing:
+        log.info("skipping %s: finished run with the same config and inputs", out_dir)
+        return read_summary(out_dir / "summary.json")
+    if reason != "no finished run here":
+        log.info("recomputing %s: %s", out_dir, reason)
+    started = time.perf_counter()
+    result, requests, timing_info = build_and_run(cfg)
+    wall = time.perf_counter() - started
+    summary = summarize(result)
+    summary.update({
+        "wall_time_s": wall,
+        "time_unit": "rounds" if timing_info["backend"] == "unit" else "seconds",
+        "length_unit": requests.length_unit,
+        "timing": timing_info,
+        "workload_source": requests.source,
+        "dropped_rows": requests.dropped,
+        "policy_info": result.policy_info,
+        "fluid": result.fluid,
+        "input_files": list(requests.files) + list(timing_info.get("files", [])),
+        "packages": package_versions(),
+        "config": resolved,
+    })
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    frames = {"requests.parquet": result.requests, "iterations.parquet": result.iterations}
+    for name in TABLES:
+        if name in tables:
+            atomic_write(out_dir / name,
+                         lambda tmp, frame=frames[name]: frame.to_parquet(tmp, index=False))
+        else:
+            (out_dir / name).unlink(missing_ok=True)
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    if result.status != "completed":
+        log.warning("run ended with status %s: %s", result.status, result.message)
+    return summary

@@ -1,0 +1,1 @@
+"""Multi-trial studies run through the ``study`` hook of ``python -m replay``."""

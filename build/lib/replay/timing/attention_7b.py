@@ -1,0 +1,120 @@
+"""A Llama-2-7B (TP 1) attention profile for A100, derived from the real 70B (TP 2) profile.
+
+Vidur's measured 7B attention table is not available offline (Git LFS only), so
+this module writes one in Vidur's ``attention.csv`` format from the closest real
+data, the FlashAttention kernel times Vidur measured for Llama-2-70B at tensor
+parallel 2 on A100, using how the two shapes differ per GPU:
+
+=================================  ================  ===============
+per GPU, per layer                 70B at TP 2       7B at TP 1
+=================================  ================  ===============
+query heads                        64 / 2 = 32       32
+key/value heads                    8 / 2 = 4         32
+head dim                           128               128
+K+V bytes per cached token (fp16)  2*4*128*2 = 2048  2*32*128*2 = 16384
+=================================  ================  ===============
+
+* Prefill rows are copied unchanged: both shapes run 32 query heads of width
+  128 per GPU, so the attention FLOPs ``4 * 32 * 128 * chunk * (kv + chunk/2)``
+  and the K/V tiles each query head streams are the same; prefill is
+  compute-bound at the sizes that matter.
+* Decode rows get the extra key/value traffic at the bandwidth the 70B decode
+  kernel itself achieves: ``t7(B, kv) = t70(B, kv) + B * kv * (16384 - 2048) / BW``.
+  ``BW`` is fitted by least squares of ``t = a + b*B + B*kv*2048/BW`` on every
+  70B decode row (about 1.64 TB/s, 80 % of the A100-80GB's 2.04 TB/s peak).
+  Decode is memory-bound, so the extra bytes are the whole difference; the
+  launch and per-request terms (``a``, ``b``) are kept as measured.
+
+Every derived table records this provenance (``provenance()``), and runs that
+use it report it through ``VidurTiming.describe()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+METHOD_VERSION = 1
+A100_80GB_PEAK_BANDWIDTH_GBPS = 2039.0   # reference only: the fitted bandwidth must stay below
+DTYPE_BYTES = 2
+HEAD_DIM = 128
+SOURCE_SHAPE = {"model": "meta-llama/Llama-2-70b-hf", "tensor_parallel": 2, "n_embd": 8192,
+                "n_q_head": 64, "n_kv_head": 8}
+TARGET_SHAPE = {"model": "meta-llama/Llama-2-7b-hf", "tensor_parallel": 1, "n_embd": 4096,
+                "n_q_head": 32, "n_kv_head": 32}
+DECODE_STATS = [f"time_stats.attn_decode.{stat}" for stat in ("min", "max", "mean", "median")]
+
+
+def kv_bytes_per_token(shape: dict) -> int:
+    """K and V bytes one cached token occupies per layer on one GPU."""
+    return 2 * (shape["n_kv_head"] // shape["tensor_parallel"]) * HEAD_DIM * DTYPE_BYTES
+
+
+def _source_rows(profile: pd.DataFrame) -> pd.DataFrame:
+    rows = profile[(profile["n_embd"] == SOURCE_SHAPE["n_embd"])
+                   & (profile["n_q_head"] == SOURCE_SHAPE["n_q_head"])
+                   & (profile["n_kv_head"] == SOURCE_SHAPE["n_kv_head"])
+                   & (profile["num_tensor_parallel_workers"] == SOURCE_SHAPE["tensor_parallel"])]
+    if rows.empty or rows["is_prefill"].all() or not rows["is_prefill"].any():
+        raise ValueError("attention_7b: the source profile has no Llama-2-70B TP 2 prefill and "
+                         "decode rows to derive the 7B table from")
+    return rows
+
+
+def fit_decode_bandwidth(decode: pd.DataFrame) -> tuple[float, float]:
+    """Least-squares ``t = a + b*B + B*kv*bytes/BW`` on 70B decode rows: (BW in bytes/ms, MAPE)."""
+    batch = decode["batch_size"].to_numpy(float)
+    kv = decode["kv_cache_size"].to_numpy(float)
+    measured = decode["time_stats.attn_decode.median"].to_numpy(float)
+    design = np.column_stack([np.ones_like(batch), batch,
+                              batch * kv * kv_bytes_per_token(SOURCE_SHAPE)])
+    coef, *_ = np.linalg.lstsq(design, measured, rcond=None)
+    if coef[2] <= 0:
+        raise ValueError("attention_7b: decode times do not grow with KV size in the source "
+                         "profile; cannot calibrate a bandwidth")
+    mape = float(np.mean(np.abs(design @ coef - measured) / measured))
+    return 1.0 / coef[2], mape
+
+
+def derive(profile: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The 7B TP 1 table and the constants it was made with."""
+    rows = _source_rows(profile).copy()
+    decode = ~rows["is_prefill"].astype(bool)
+    bandwidth, mape = fit_decode_bandwidth(rows[decode])
+    bandwidth_gbps = bandwidth * 1e3 / 1e9
+    if bandwidth_gbps > A100_80GB_PEAK_BANDWIDTH_GBPS:
+        raise ValueError(f"attention_7b: fitted decode bandwidth {bandwidth_gbps:.0f} GB/s "
+                         f"exceeds the A100's peak; the source profile is not A100 decode data")
+    extra_bytes = kv_bytes_per_token(TARGET_SHAPE) - kv_bytes_per_token(SOURCE_SHAPE)
+    extra_ms = (rows.loc[decode, "batch_size"] * rows.loc[decode, "kv_cache_size"]
+                * extra_bytes / bandwidth)
+    for column in DECODE_STATS:
+        rows.loc[decode, column] = rows.loc[decode, column] + extra_ms
+    rows["n_embd"] = TARGET_SHAPE["n_embd"]
+    rows["n_q_head"] = TARGET_SHAPE["n_q_head"]
+    rows["n_kv_head"] = TARGET_SHAPE["n_kv_head"]
+    rows["num_tensor_parallel_workers"] = TARGET_SHAPE["tensor_parallel"]
+    constants = {
+        "method_version": METHOD_VERSION,
+        "source": SOURCE_SHAPE, "target": TARGET_SHAPE,
+        "kv_bytes_per_token_source": kv_bytes_per_token(SOURCE_SHAPE),
+        "kv_bytes_per_token_target": kv_bytes_per_token(TARGET_SHAPE),
+        "decode_bandwidth_GBps": round(bandwidth_gbps, 3),
+        "decode_bandwidth_fit_mape": round(mape, 4),
+        "a100_peak_bandwidth_GBps": A100_80GB_PEAK_BANDWIDTH_GBPS,
+        "prefill_rows": int((~decode).sum()), "decode_rows": int(decode.sum()),
+    }
+    return rows, constants
+
+
+def provenance(constants: dict, source_record: dict, table_record: dict) -> dict:
+    return {
+        "what": "Llama-2-7B TP1 A100 attention table derived from the measured Llama-2-70B TP2 "
+                "attention profile (no measured 7B attention profile available)",
+        "method": "prefill rows copied (same 32 query heads x 128 per GPU); decode rows + "
+                  "B*kv*(16384-2048) bytes / fitted decode bandwidth "
+                  "(replay/timing/attention_7b.py)",
+        "constants": constants,
+        "source_file": source_record,
+        "table_file": table_record,
+    }

@@ -1,0 +1,58 @@
+"""The two closed-form backends: unit time and the linear iteration-time model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replay.errors import ConfigError
+from replay.timing.base import BatchShape
+
+
+class UnitTiming:
+    """Every iteration takes exactly one round (the papers' theoretical model)."""
+
+    time_unit = "rounds"
+
+    def duration(self, batch: BatchShape) -> float:
+        return 1.0
+
+    def describe(self) -> dict:
+        return {"backend": "unit"}
+
+
+@dataclass(frozen=True)
+class LinearTiming:
+    """``d0 + d1 * (KV tokens touched by the batch) + d2 * (prefill tokens)`` seconds.
+
+    "KV tokens touched" is the sum over batch members of the slots they hold
+    after the iteration's new tokens are written (``context + new_tokens``): the
+    memory the attention kernels read, as in the fluid/WAIT paper's
+    ``tau = d0 + d1 * KV``. Paused requests hold KV but are not touched.
+    """
+
+    d0: float
+    d1: float
+    d2: float = 0.0
+    source: str = "given"
+    time_unit: str = "seconds"
+
+    def __post_init__(self) -> None:
+        if self.d0 < 0 or self.d1 < 0 or self.d2 < 0 or self.d0 + self.d1 + self.d2 <= 0:
+            raise ConfigError(
+                f"timing.linear: coefficients must be >= 0 and not all zero, got "
+                f"d0={self.d0}, d1={self.d1}, d2={self.d2}"
+            )
+
+    @staticmethod
+    def terms(batch: BatchShape) -> tuple[int, int]:
+        """``(KV tokens touched, prefill tokens)``: the model's regressors besides 1."""
+        return (int(batch.context.sum() + batch.new_tokens.sum()),
+                int(batch.new_tokens[batch.is_prefill].sum()))
+
+    def duration(self, batch: BatchShape) -> float:
+        touched, prefill = self.terms(batch)
+        return self.d0 + self.d1 * touched + self.d2 * prefill
+
+    def describe(self) -> dict:
+        return {"backend": "linear", "d0": self.d0, "d1": self.d1, "d2": self.d2,
+                "source": self.source}

@@ -1,0 +1,312 @@
+"""The ``vidur`` timing backend: Vidur's profiled A100 execution-time predictor.
+
+Build once, replay fast. The first use of a (vidur version, profile file
+hashes, model, tensor parallelism, predictor settings) combination trains
+Vidur's sklearn predictor on the local profile CSVs (``vidur_build``), exports
+its prediction grids to numpy tables (``vidur_tables``) and stores them under
+``cache_dir/<key>/``; later runs only load the tables. ``duration()`` is a
+handful of numpy operations per iteration and never calls sklearn.
+
+The batch is described to Vidur per request: the new tokens of this iteration
+(the prefill chunk, or 1) and the tokens already in its KV cache
+(``BatchShape.context``; not cached + new). That is what the profiles'
+``kv_cache_size`` measures (prefill rows satisfy ``kv_cache_size + chunk <= 4096``)
+and Vidur's ``num_processed_tokens`` for a decode. (The schedulers bundled with
+vidur 0.0.26 pass cached + new as ``num_kv_tokens``, which would look a prefill
+chunk up as if its own tokens were already cached; that is not followed here.)
+Requests with exactly one new token are decodes, as in Vidur (a one-token
+prompt costs a decode).
+
+Outside the profiled range (``limits``: tokens per iteration, decode batch
+size, per-request context, prefill chunk) Vidur's own predictor has no answer
+(its tables end there; its random forests would return the edge value). The
+backend then either raises :class:`VidurRangeError` (``out_of_range=error``) or
+extrapolates explicitly from the edge of the profile (``out_of_range=extrapolate``),
+logging the first batch of each kind and counting them all in ``describe()``:
+
+* per-token operations beyond ``max_tokens_per_request`` new tokens scale
+  linearly from the last profiled size (linear layers and all-reduces are
+  compute- or bandwidth-bound there);
+* decode attention for more than ``max_batch_size`` requests, or a mean context
+  beyond ``max_tokens_per_request``, scales linearly in the batch size and in
+  the context (the kernel streams ``B * context`` cached tokens);
+* prefill attention of a request whose context + chunk exceeds
+  ``max_tokens_per_request`` (or whose chunk exceeds ``max_prefill_chunk_size``)
+  scales with attention FLOPs ``chunk * (context + chunk / 2)`` from the largest
+  profiled point with the same chunk (or the largest chunk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+import fasteners
+import numpy as np
+import pandas as pd
+
+from replay.data import file_record, require_file
+from replay.errors import ConfigError, InputError
+from replay.timing import attention_7b
+from replay.timing.base import BatchShape
+from replay.timing.profiles_fetch import fetch_hint, profile_paths
+from replay.timing.vidur_spec import PredictionLimits, PredictorSpec, ProfileFiles
+from replay.timing.vidur_tables import CHUNK_ROUNDING, TOKEN_ROUNDING, VidurTables, export_tables
+
+log = logging.getLogger(__name__)
+
+TABLES_FORMAT = 1
+OUT_OF_RANGE_MODES = ("error", "extrapolate")
+ATTENTION_SOURCES = ("auto", "profile", "derived")
+
+
+class VidurRangeError(InputError, ValueError):
+    """A batch lies outside the range the Vidur profiles cover (``out_of_range=error``)."""
+
+
+def _sha256_json(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+class VidurTiming:
+    """Iteration time from Vidur's predictor for ``model`` on ``tensor_parallel`` x ``device``."""
+
+    time_unit = "seconds"
+
+    def __init__(self, profile_dir: str, model: str, device: str, tensor_parallel: int,
+                 network_device: str = "a100_pairwise_nvlink", predictor: str = "random_forest",
+                 random_forest_grid: dict | None = None,
+                 linear_regression_grid: dict | None = None,
+                 k_fold_cv_splits: int = 10, random_state: int = 0,
+                 limits: dict | None = None, out_of_range: str = "extrapolate",
+                 attention: str = "auto", cache_dir: str = "~/.cache/kvsched/vidur") -> None:
+        if out_of_range not in OUT_OF_RANGE_MODES:
+            raise ConfigError(f"timing.out_of_range: must be one of {OUT_OF_RANGE_MODES}, "
+                             f"got {out_of_range!r}")
+        if attention not in ATTENTION_SOURCES:
+            raise ConfigError(f"timing.attention: must be one of {ATTENTION_SOURCES}, "
+                             f"got {attention!r}")
+        self.spec = PredictorSpec(model_name=model, device=device, network_device=network_device,
+                                  tensor_parallel=int(tensor_parallel), predictor=predictor,
+                                  grid=dict((random_forest_grid if predictor == "random_forest"
+                                             else linear_regression_grid) or {}),
+                                  k_fold_cv_splits=int(k_fold_cv_splits),
+                                  random_state=int(random_state),
+                                  limits=PredictionLimits(**dict(limits or {})))
+        if self.spec.limits.max_prefill_chunk_size > self.spec.limits.max_tokens_per_request:
+            raise ConfigError("timing.limits: max_prefill_chunk_size cannot exceed "
+                             "max_tokens_per_request")
+        self.out_of_range = out_of_range
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.files, self.attention_provenance = self._resolve_files(Path(profile_dir).expanduser(),
+                                                                    attention)
+        self.key_fields = {
+            "tables_format": TABLES_FORMAT,
+            "vidur": metadata.version("vidur"),
+            "scikit-learn": metadata.version("scikit-learn"),
+            "spec": self.spec.key_fields(),
+            "files": {name: file_record(path)["sha256"]
+                      for name, path in asdict(self.files).items() if path is not None},
+        }
+        slug = f"{model.split('/')[-1]}_tp{tensor_parallel}_{predictor}"
+        self.cache_path = self.cache_dir / f"{slug}_{_sha256_json(self.key_fields)[:16]}"
+        self.tables, self.build_info = self._load_or_build()
+        self._bind_tables(self.tables)
+        self.out_of_range_batches = {"tokens": 0, "decode_batch": 0, "context": 0}
+
+    # -- profiles ---------------------------------------------------------------------------
+
+    def _resolve_files(self, profile_dir: Path, attention: str) -> tuple[ProfileFiles, dict]:
+        spec = self.spec
+        paths = profile_paths(profile_dir, spec.model_name, spec.device, spec.network_device)
+        mlp = require_file(paths["mlp"], fetch_hint("mlp", spec.model_name, spec.device))
+        all_reduce = None
+        if spec.tensor_parallel > 1:
+            all_reduce = require_file(paths["all_reduce"],
+                                      fetch_hint("all_reduce", spec.model_name, spec.device,
+                                                 spec.network_device))
+        measured = paths["attention"]
+        derivable = spec.model_name == attention_7b.TARGET_SHAPE["model"]
+        if attention == "profile" or (attention == "auto"
+                                      and (measured.is_file() or not derivable)):
+            files = ProfileFiles(mlp, require_file(
+                measured, fetch_hint("attention", spec.model_name, spec.device)), all_reduce)
+            return files, {"source": "measured Vidur profile", "file": file_record(measured)}
+        if not derivable:
+            raise ConfigError(f"timing.attention=derived: a derived attention table exists "
+                             f"only for {attention_7b.TARGET_SHAPE['model']}, not "
+                             f"{spec.model_name}")
+        source_model = attention_7b.SOURCE_SHAPE["model"]
+        source = require_file(profile_paths(profile_dir, source_model, spec.device)["attention"],
+                              fetch_hint("attention", source_model, spec.device)
+                              + " (needed to derive the Llama-2-7B attention table)")
+        derived, provenance = self._derive_7b_attention(source)
+        log.warning("timing.vidur: no measured attention profile at %s; using the 7B table "
+                    "derived from %s (%s)", measured, source, provenance["method"])
+        return ProfileFiles(mlp, derived, all_reduce), provenance
+
+    def _derive_7b_attention(self, source: Path) -> tuple[Path, dict]:
+        source_record = file_record(source)
+        out_dir = self.cache_dir / "attention_7b" / _sha256_json(
+            [attention_7b.METHOD_VERSION, source_record["sha256"]])[:16]
+        table = out_dir / "attention.csv"
+        constants_file = out_dir / "constants.json"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with fasteners.InterProcessLock(str(out_dir / ".lock")):
+            if not (table.is_file() and constants_file.is_file()):
+                rows, constants = attention_7b.derive(pd.read_csv(source))
+                tmp = out_dir / ".attention.csv.tmp"
+                rows.to_csv(tmp, index=False)
+                tmp.replace(table)
+                constants_file.write_text(json.dumps(constants, indent=1))
+        constants = json.loads(constants_file.read_text())
+        return table, attention_7b.provenance(constants, source_record, file_record(table))
+
+    # -- build / cache ----------------------------------------------------------------------
+
+    def vidur_predictor(self):
+        """Vidur's own predictor (trained, or reloaded from Vidur's cache in ``cache_path``)."""
+        from replay.timing.vidur_build import build_predictor  # vidur + sklearn: import on build
+
+        return build_predictor(self.spec, self.files, self.cache_path / "vidur")
+
+    def _load_or_build(self) -> tuple[VidurTables, dict]:
+        tables_file = self.cache_path / "tables.npz"
+        info_file = self.cache_path / "build.json"
+        if not tables_file.is_file():
+            self.cache_path.mkdir(parents=True, exist_ok=True)
+            with fasteners.InterProcessLock(str(self.cache_path / ".lock")):
+                if not tables_file.is_file():
+                    log.warning("timing.vidur: building the %s predictor for %s (TP %d) in %s; "
+                                "this trains Vidur's models once and can take a long time",
+                                self.spec.predictor, self.spec.model_name,
+                                self.spec.tensor_parallel, self.cache_path)
+                    started = time.perf_counter()
+                    tables = export_tables(self.vidur_predictor())
+                    info = {"build_seconds": round(time.perf_counter() - started, 1),
+                            "key": self.key_fields}
+                    info_file.write_text(json.dumps(info, indent=1))
+                    tables.save(tables_file)
+                    log.info("timing.vidur: built in %.0f s", info["build_seconds"])
+        return VidurTables.load(tables_file), json.loads(info_file.read_text())
+
+    def _bind_tables(self, tables: VidurTables) -> None:
+        # Local copies keep the hot path free of attribute chains.
+        self._token_ms, self._decode_ms, self._prefill_ms = (
+            tables.token_ms, tables.decode_ms, tables.prefill_ms)
+        self._ms_to_s = tables.num_layers * 1e-3
+        self._granularity = tables.kv_granularity
+        self._max_tokens = tables.max_tokens
+        self._max_batch = tables.max_batch_size
+        self._max_chunk = tables.max_prefill_chunk
+        self._check_chunk = self._max_chunk < self._max_tokens
+
+    # -- timing -----------------------------------------------------------------------------
+
+    def duration(self, batch: BatchShape) -> float:
+        new_tokens, context = batch.new_tokens, batch.context
+        n = new_tokens.shape[0]
+        total = int(new_tokens.sum())
+        granularity = self._granularity
+        if total == n:
+            # Decodes only (every request feeds at least one token): three reductions.
+            if n > self._max_batch or int(context.max()) >= self._max_tokens:
+                return self._out_of_range(new_tokens, context, total, new_tokens == 1, n)
+            mean_context = int(context.sum()) // n
+            return float(self._token_ms[-(-n // TOKEN_ROUNDING) * TOKEN_ROUNDING]
+                         + self._decode_ms[n, -(-mean_context // granularity)]) * self._ms_to_s
+        decode = new_tokens == 1
+        n_decode = int(np.count_nonzero(decode))
+        if (total > self._max_tokens or n_decode > self._max_batch
+                or int((context + new_tokens).max()) > self._max_tokens
+                or (self._check_chunk and int(new_tokens.max()) > self._max_chunk)):
+            return self._out_of_range(new_tokens, context, total, decode, n_decode)
+        ms = self._token_ms[-(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING]
+        if n_decode:
+            mean_context = int(context[decode].sum()) // n_decode
+            ms += self._decode_ms[n_decode, -(-mean_context // granularity)]
+        prefill = ~decode
+        ms += self._prefill_ms[(context[prefill] + (granularity - 1)) // granularity,
+                               (new_tokens[prefill] + (CHUNK_ROUNDING - 1)) // CHUNK_ROUNDING
+                               ].sum()
+        return float(ms) * self._ms_to_s
+
+    def _out_of_range(self, new_tokens, context, total, decode, n_decode) -> float:
+        kinds = []
+        if total > self._max_tokens:
+            kinds.append("tokens")
+        if n_decode > self._max_batch:
+            kinds.append("decode_batch")
+        if (int((context + new_tokens).max()) > self._max_tokens
+                or int(new_tokens.max()) > self._max_chunk):
+            kinds.append("context")
+        detail = (f"{new_tokens.shape[0]} requests, {total} new tokens, {n_decode} decodes, "
+                  f"max context {int(context.max())}, max chunk {int(new_tokens.max())}; "
+                  f"profiled limits: {self._max_tokens} tokens per iteration and per request, "
+                  f"{self._max_batch} decodes, chunks up to {self._max_chunk}")
+        if self.out_of_range == "error":
+            raise VidurRangeError(
+                f"timing.vidur: batch outside the profiled range ({', '.join(kinds)}): {detail}. "
+                f"Cap the batch in the policy, or set timing.out_of_range=extrapolate to scale "
+                f"from the edge of the profile (see replay/timing/vidur.py)")
+        for kind in kinds:
+            if self.out_of_range_batches[kind] == 0:
+                log.warning("timing.vidur: extrapolating beyond the profile (%s): %s", kind, detail)
+            self.out_of_range_batches[kind] += 1
+        return self._extrapolated_ms(new_tokens, context, total, decode, n_decode) * self._ms_to_s
+
+    def _extrapolated_ms(self, new_tokens, context, total, decode, n_decode) -> float:
+        granularity = self._granularity
+        rounded = -(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING
+        if rounded <= self._max_tokens:
+            ms = self._token_ms[rounded]
+        else:
+            ms = self._token_ms[self._max_tokens] * rounded / self._max_tokens
+        if n_decode:
+            batch = min(n_decode, self._max_batch)
+            kv = -(-(int(context[decode].sum()) // n_decode) // granularity) * granularity
+            kv_edge = min(kv, self._max_tokens)
+            ms += (self._decode_ms[batch, kv_edge // granularity]
+                   * (n_decode / batch) * (kv / kv_edge if kv > kv_edge else 1.0))
+        prefill = ~decode
+        if prefill.any():
+            q, cached = new_tokens[prefill], context[prefill]
+            inside = (cached + q <= self._max_tokens) & (q <= self._max_chunk)
+            kv = -(-cached // granularity) * granularity
+            chunk = -(-q // CHUNK_ROUNDING) * CHUNK_ROUNDING
+            chunk_edge = np.where(inside, chunk, np.minimum(chunk, self._max_chunk))
+            kv_edge = np.where(inside, kv, np.minimum(
+                kv, (self._max_tokens - chunk_edge) // granularity * granularity))
+            flops_ratio = chunk * (kv + chunk / 2) / (chunk_edge * (kv_edge + chunk_edge / 2))
+            ms += float((self._prefill_ms[kv_edge // granularity, chunk_edge // CHUNK_ROUNDING]
+                         * flops_ratio).sum())
+        return float(ms)
+
+    def describe(self) -> dict:
+        info = {
+            "backend": "vidur",
+            "model": self.spec.model_name,
+            "device": self.spec.device,
+            "tensor_parallel": self.spec.tensor_parallel,
+            "network_device": self.spec.network_device,
+            "predictor": self.spec.predictor,
+            "grid": self.spec.search_grid(),
+            "k_fold_cv_splits": self.spec.k_fold_cv_splits,
+            "limits": asdict(self.spec.limits),
+            "out_of_range": self.out_of_range,
+            "out_of_range_batches": dict(self.out_of_range_batches),
+            "attention": self.attention_provenance,
+            "vidur_version": self.key_fields["vidur"],
+            "cache": str(self.cache_path),
+            "build_seconds": self.build_info["build_seconds"],
+            "files": [file_record(path) for path in asdict(self.files).values()
+                      if path is not None],
+        }
+        if "source_file" in self.attention_provenance:
+            info["files"].append(self.attention_provenance["source_file"])
+        return info

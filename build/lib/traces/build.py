@@ -1,0 +1,118 @@
+"""``python -m traces.build {lmsys,arxiv} --out FILE``: build a length trace from HuggingFace.
+
+Produces the CSV schema the workload configs read:
+
+* ``lmsys`` (``lmsys/lmsys-chat-1m``, gated: accept its licence and log in with
+  ``huggingface-cli login`` first): the first user turn is the prompt, the first assistant turn
+  after it the response -> columns ``question_length, answer_length`` (as ``workload=lmsys``;
+  note the shared file instead sums all turns, see the README);
+* ``arxiv`` (``armanc/scientific_papers``, config ``arxiv``): the article is the prompt, the
+  abstract the response -> ``num_prefill_tokens, num_decode_tokens, num_total_tokens, pd_ratio``
+  (as Vidur's arXiv file; ``pd_ratio`` = prefill / decode).
+
+``--length-unit tokens`` counts tokens with a HuggingFace tokenizer (default Llama-2's, without
+special tokens); ``--length-unit words`` counts whitespace-separated words. The column names stay
+the same either way; set ``workload.length_unit`` to match. No filtering happens here: zero
+lengths and context caps are the workload's job (and are counted there). Conversations without
+a user turn followed by an assistant turn are skipped and counted on stderr.
+
+Needs internet access and ``pip install datasets transformers``; it cannot run on the offline
+build machine, and only :func:`build` is tested (on an in-memory dataset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from itertools import islice
+from pathlib import Path
+
+import pandas as pd
+
+DEFAULT_TOKENIZER = "meta-llama/Llama-2-7b-hf"
+HF_DATASETS = {"lmsys": ("lmsys/lmsys-chat-1m", None),
+               "arxiv": ("armanc/scientific_papers", "arxiv")}
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def token_counter(tokenizer_name: str) -> Callable[[str], int]:
+    """Number of tokens of a text under a HuggingFace tokenizer, without BOS/EOS."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise SystemExit("--length-unit tokens needs `pip install transformers`") from exc
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def lmsys_pair(record: Mapping) -> tuple[str, str] | str:
+    """(first user turn, first assistant turn after it), or why there is none."""
+    turns = list(record["conversation"])
+    user = next((i for i, t in enumerate(turns) if t["role"] == "user"), None)
+    if user is None:
+        return "no_user_turn"
+    reply = next((t for t in turns[user + 1:] if t["role"] == "assistant"), None)
+    if reply is None:
+        return "no_assistant_reply"
+    return turns[user]["content"], reply["content"]
+
+
+def arxiv_pair(record: Mapping) -> tuple[str, str]:
+    return record["article"], record["abstract"]
+
+
+def build(records: Iterable[Mapping], dataset: str, count: Callable[[str], int]
+          ) -> tuple[pd.DataFrame, Counter]:
+    """The length table of ``records`` (HuggingFace rows) and the skipped rows by reason."""
+    extract = {"lmsys": lmsys_pair, "arxiv": arxiv_pair}[dataset]
+    prompts, outputs, skipped = [], [], Counter()
+    for record in records:
+        pair = extract(record)
+        if isinstance(pair, str):
+            skipped[pair] += 1
+            continue
+        prompts.append(count(pair[0]))
+        outputs.append(count(pair[1]))
+    if dataset == "lmsys":
+        return pd.DataFrame({"question_length": prompts, "answer_length": outputs}), skipped
+    frame = pd.DataFrame({"num_prefill_tokens": prompts, "num_decode_tokens": outputs})
+    frame["num_total_tokens"] = frame.num_prefill_tokens + frame.num_decode_tokens
+    frame["pd_ratio"] = frame.num_prefill_tokens / frame.num_decode_tokens
+    return frame, skipped
+
+
+def load_records(dataset: str, split: str, limit: int | None) -> Iterable[Mapping]:
+    try:
+        from datasets import load_dataset
+    except ImportError as exc:
+        raise SystemExit("traces.build needs `pip install datasets`") from exc
+    name, config = HF_DATASETS[dataset]
+    return islice(load_dataset(name, config, split=split, streaming=True), limit)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m traces.build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dataset", choices=sorted(HF_DATASETS))
+    parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
+    parser.add_argument("--length-unit", choices=("tokens", "words"), default="tokens")
+    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N records")
+    args = parser.parse_args(argv)
+    count = token_counter(args.tokenizer) if args.length_unit == "tokens" else word_count
+    frame, skipped = build(load_records(args.dataset, args.split, args.limit), args.dataset,
+                           count)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out, index=False)
+    print(f"{args.out}: {len(frame)} rows ({args.length_unit}); skipped {dict(skipped)}",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

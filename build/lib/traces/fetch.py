@@ -1,0 +1,129 @@
+"""``python -m traces.fetch --data-dir DIR``: download the data files from their public origins.
+
+Trace files go to ``DIR/traces/``; the Vidur A100 profiles listed in
+:mod:`replay.timing.profiles_fetch` go to ``DIR/vidur/profiling/`` (``--only``
+picks one of the two).
+
+Each file is fetched from a commit-pinned GitHub raw URL into ``DIR/traces/`` and checked
+against the SHA-256 of the copy the project was developed with; a file already present with the
+right hash is left alone. Needs internet access (it cannot run on the offline build machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A data file: where it goes under the data directory, where it comes from, its hash."""
+
+    relpath: str
+    repo: str
+    commit: str
+    repo_path: str
+    sha256: str
+    size: int
+
+    @property
+    def url(self) -> str:
+        return (f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/"
+                f"{quote(self.repo_path)}")
+
+
+_VIDUR = "microsoft/vidur"
+TRACE_FILES: tuple[RemoteFile, ...] = (
+    RemoteFile("traces/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", _VIDUR,
+               "6d98aa8f71696520acc603d87439e77cc78160a7",
+               "data/processed_traces/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+               "9d3580538d915ca75e4aaaa54590b42dbb17abc6d74c8913310cf07c232adcdc", 884_932),
+    RemoteFile("traces/splitwise_conv.csv", _VIDUR, "8e54dd5c137a9b5aa0b6ff512ace6cc7caf8a377",
+               "data/processed_traces/splitwise_conv.csv",
+               "439e4138b7e384f316de614c071f7162be05b8af0cef866f82faacd1b0472249", 382_729),
+    RemoteFile("traces/splitwise_code.csv", _VIDUR, "4f9167b6e76099943b2a8195cb1fcac7d693ead9",
+               "data/processed_traces/splitwise_code.csv",
+               "f266b907d109d471c61283ab69771c17ad79a18b33ff6e96aa546346f52767a6", 166_195),
+    RemoteFile("traces/lmsys_chat_1m_words_in_lt257_out_lt257.csv", "Luoxiaogan/vidur_or",
+               "aa5e1571214b75a08a040638bda43bf83402cd03",
+               "lmsys_chat_1m_dataset/output_trace/input<257_output<257.csv",
+               "626612facf53f4d67b5aecb9b27da7cb1245bb0a8df67a2abcd0fc4c658f1444", 4_028_459),
+    # The commit and path of this one could not be confirmed offline: the hash check decides.
+    RemoteFile("traces/sharegpt_val_10k_llama2.csv", "AKafakA/vidur_opt_scheduler", "main",
+               "data/trace_data/sharegpt/sharegpt_val_10k_llama2.csv",
+               "e8eb6769b07f47a44fcb8caecf78dfc247103d65f84c4053bd9ae593caa01c63", 278_423),
+)
+
+
+class FetchError(RuntimeError):
+    """A download failed or did not match the expected file."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(files: Iterable[RemoteFile], data_dir: Path,
+          opener: Callable = urllib.request.urlopen) -> list[Path]:
+    """Download ``files`` into ``data_dir``; return their local paths.
+
+    A download is written to a temporary name and only renamed into place once its
+    hash matches, so an interrupted or wrong download never looks like the real file.
+    """
+    paths = []
+    for remote in files:
+        target = Path(data_dir).expanduser() / remote.relpath
+        paths.append(target)
+        if target.is_file() and sha256_of(target) == remote.sha256:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        url = remote.url
+        try:
+            with opener(url) as response, open(partial, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise FetchError(f"{url}: download failed ({exc})") from exc
+        got = sha256_of(partial)
+        if got != remote.sha256:
+            partial.unlink()
+            raise FetchError(f"{url}: SHA-256 {got} does not match the expected "
+                             f"{remote.sha256} for {remote.relpath}; the origin has changed, "
+                             f"see the README's 'Data directory' section")
+        partial.replace(target)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m traces.fetch", description=__doc__)
+    parser.add_argument("--data-dir", default=os.environ.get("KVSCHED_DATA_DIR"),
+                        help="data directory (default: $KVSCHED_DATA_DIR)")
+    parser.add_argument("--only", choices=("traces", "profiles"),
+                        help="fetch only the traces or only the Vidur profiles")
+    args = parser.parse_args(argv)
+    if not args.data_dir:
+        parser.error("give --data-dir or set KVSCHED_DATA_DIR")
+    # Imported here: the profile list lives with the timing backend, which imports this module.
+    from replay.timing.profiles_fetch import PROFILE_FILES
+
+    files = {"traces": TRACE_FILES, "profiles": PROFILE_FILES}
+    chosen = [files[args.only]] if args.only else list(files.values())
+    for path in fetch([f for group in chosen for f in group], Path(args.data_dir)):
+        print(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
