@@ -20,10 +20,12 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.cli import error_summary, fail, is_input_error
+from replay.cli import error_summary, fail, is_input_error, register_resolvers
 from replay.errors import InputError
 from replay.outputs import atomic_write_text
 from replay.run import CONFIG_DIR, run
+
+register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")

@@ -93,3 +93,21 @@ class SweepReport:
     def on_job_start(self, config, **kwargs) -> None: ...
     def on_job_end(self, config, job_return, **kwargs) -> None: ...
     def on_compose_config(self, config, config_name, overrides) -> None: ...
+
+
+def job_dirname(override_dirname: str) -> str:
+    """A sweep job's folder name from its overrides, kept inside the sweep folder.
+
+    Path-valued overrides (``workload.path=../x.csv``) would otherwise put ``/`` and
+    ``..`` into the name: each ``/`` becomes ``%2F`` and a name that is only dots is
+    prefixed, so every job folder is a direct child of ``hydra.sweep.dir``.
+    """
+    name = override_dirname.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C")
+    return f"_{name}" if set(name) <= {"."} else name
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("job_dirname"):
+        OmegaConf.register_new_resolver("job_dirname", job_dirname)

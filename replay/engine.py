@@ -123,6 +123,10 @@ class Engine:
         self.policy = policy
         self.timing = timing
         self.kv = kv
+        for key, value in (("livelock_window", livelock_window), ("max_steps", max_steps)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"engine.{key} must be a whole number >= 1 or null, "
+                                  f"got {value!r}")
         self.livelock_window = livelock_window or default_livelock_window(requests)
         self.max_steps = max_steps
         self.progress = progress

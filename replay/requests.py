@@ -14,6 +14,10 @@ import numpy as np
 
 from replay.errors import InputError
 
+#: Arrival times above this (about 30,000 years in seconds) lose the float64 resolution
+#: that millisecond iterations need (the spacing of doubles there is ~0.1 ms).
+MAX_ARRIVAL = 1e12
+
 
 class RequestError(InputError, ValueError):
     """A request (or a row of a trace) the model cannot accept."""
@@ -77,12 +81,18 @@ class Requests:
                 i = int(bad[0])
                 raise RequestError(f"{self.row(i)}: field {name} = {values[i]} must be >= 1 "
                                    f"({bad.size} such rows)")
+        if len(self) == 0:
+            dropped = f" (dropped: {self.dropped})" if self.dropped else ""
+            raise RequestError(f"{self.source}: the workload has no requests{dropped}; an empty "
+                               f"replay would report a meaningless 'completed'")
         if self.arrival is not None:
-            bad = np.flatnonzero(~np.isfinite(self.arrival) | (self.arrival < 0))
+            bad = np.flatnonzero(~np.isfinite(self.arrival) | (self.arrival < 0)
+                                 | (self.arrival > MAX_ARRIVAL))
             if bad.size:
                 i = int(bad[0])
                 raise RequestError(f"{self.row(i)}: field arrival = {self.arrival[i]} must be a "
-                                   f"finite time >= 0")
+                                   f"finite time in [0, {MAX_ARRIVAL:g}] (beyond that, float64 "
+                                   f"times cannot resolve iteration durations; is a rate tiny?)")
         peak = self.prompt_len + self.output_len
         bad = np.flatnonzero(peak > kv_capacity)
         if bad.size:

@@ -21,6 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from replay.cli import register_resolvers
 from replay.engine import Engine, RunResult
 from replay.errors import ConfigError
 from replay.fluid import TypeMix, equilibrium, stability_boundary
@@ -60,6 +61,7 @@ def package_versions() -> dict[str, str]:
 def compose_config(overrides=()) -> DictConfig:
     """The config ``python -m replay OVERRIDES`` would run, for scripts and tests
     (and for studies, inside a running Hydra app, which has Hydra initialised)."""
+    register_resolvers()
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

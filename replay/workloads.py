@@ -9,6 +9,7 @@ synthetic ones draw lengths from seeded generators (:class:`Synthetic`,
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -24,6 +25,8 @@ from replay.fluid import TypeMix, stability_boundary
 from replay.requests import RequestError, Requests
 
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
+#: Lengths above this are refused as input errors (and can never overflow int64).
+MAX_LENGTH = 1 << 40
 
 
 def _locate_bad_value(p, columns: dict[str, str]) -> RequestError:
@@ -54,9 +57,15 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
     """
     p = require_file(path, "workload trace")
     try:
-        header = pd.read_csv(p, nrows=0).columns
-    except _CSV_ERRORS as exc:
+        header = pd.read_csv(p, nrows=0, dtype=str).columns
+        with open(p, newline="") as fh:
+            names = next(csv.reader(fh), [])
+    except (*_CSV_ERRORS, OSError) as exc:
         raise RequestError(f"{p}: not a readable CSV ({exc})") from exc
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise RequestError(f"{p} line 1: column(s) {repeated} appear more than once; "
+                           f"which copy holds the lengths is ambiguous")
     missing = [c for c in columns.values() if c not in header]
     if missing:
         raise RequestError(f"{p}: missing column(s) {missing}; the file has {list(header)}. "
@@ -77,6 +86,10 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
             ok &= values == np.round(values)
         if not ok.all():
             raise _locate_bad_value(p, columns)
+        if field_name != "arrival" and np.abs(values).max(initial=0) > MAX_LENGTH:
+            i = int(np.flatnonzero(np.abs(values) > MAX_LENGTH)[0])
+            raise RequestError(f"{p} line {i + 2}: field {column!r} = {values[i]:g} is beyond "
+                               f"any model's context ({MAX_LENGTH:,} tokens)")
         frame[field_name] = values if field_name == "arrival" else values.astype(np.int64)
     return frame, file_record(p)
 

@@ -122,3 +122,46 @@ def test_livelock_is_marked_partial_and_fails_a_sweep_only_when_asked(tmp_path):
     strict = run_cli("-m", *LIVELOCK, "seed=0,1", "output.fail_on=[livelock]",
                      f"hydra.sweep.dir={tmp_path / 'strict'}")
     assert strict.returncode == 1 and "2 of 2 jobs" in strict.stderr
+
+
+def refused(proc, *fragments):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr
+
+
+def test_ambiguous_or_empty_traces_are_refused(tmp_path):
+    cases = {
+        "dup.csv": ("prompt,output,prompt\n3,4,5\n", ["line 1", "'prompt'", "more than once"]),
+        "header_only.csv": ("prompt,output\n", ["no requests"]),
+        "huge.csv": ("prompt,output\n3,1e19\n", ["line 2", "'output'", "beyond"]),
+    }
+    for name, (text, fragments) in cases.items():
+        trace = tmp_path / name
+        trace.write_text(text)
+        refused(csv_run(trace, tmp_path / name.replace(".csv", "")), *fragments)
+
+
+def test_bad_engine_values_and_empty_workloads_are_refused(tmp_path):
+    refused(run_cli("engine.livelock_window=-1", f"hydra.run.dir={tmp_path / 'a'}"),
+            "engine.livelock_window")
+    refused(run_cli("engine.max_steps=0", f"hydra.run.dir={tmp_path / 'b'}"),
+            "engine.max_steps")
+    refused(run_cli("workload.n=0", f"hydra.run.dir={tmp_path / 'c'}"), "no requests")
+    refused(run_cli("arrivals.rate=1e-300", "workload.n=5", f"hydra.run.dir={tmp_path / 'd'}"),
+            "arrival")
+
+
+def test_a_path_valued_sweep_override_cannot_leave_the_sweep_folder(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    sweep = tmp_path / "sweep"
+    # The second path climbs out of the working directory (it does not exist: that job
+    # fails with an error summary, which is enough to see where its folder went).
+    proc = run_cli("-m", "workload=csv", f"workload.path={trace},../../missing/t.csv",
+                   "workload.prompt_column=prompt", "workload.output_column=output",
+                   "timing=unit", "arrivals=all_at_once", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 1, proc.stderr  # one job failed: the missing file
+    jobs = [p.parent for p in tmp_path.rglob("summary.json")]
+    assert len(jobs) == 2 and all(job.parent == sweep for job in jobs), jobs
