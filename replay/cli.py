@@ -11,7 +11,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
-from hydra.errors import HydraException, InstantiationException
+from hydra.errors import (
+    ConfigCompositionException,
+    HydraException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -42,12 +48,17 @@ def is_input_error(exc: BaseException) -> bool:
 
 
 def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
+    """Call ``work``; bad input (a rejected file or value, a config that does not compose)
+    becomes one ``error:`` line and exit status 2. Anything else keeps its traceback."""
     try:
         return work(*args, **kwargs)
+    except (ConfigCompositionException, MissingConfigException, OverrideParseException,
+            OmegaConfBaseException) as exc:
+        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
     except (InputError, InstantiationException) as exc:
         if not is_input_error(exc):
             raise
-        fail(exc)
+        fail(exc.__cause__ if isinstance(exc, InstantiationException) else exc)
 
 
 def error_summary(cfg: DictConfig, exc: BaseException) -> dict:

@@ -18,6 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from replay.errors import InputError  # noqa: E402
+
 
 def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:
     """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV."""
@@ -346,6 +348,8 @@ def plot_timescale_variants(runs_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def load_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    if not (run_dir / "summary.json").is_file():
+        raise InputError(f"{run_dir}: not a finished run (no summary.json)")
     summary = json.loads((run_dir / "summary.json").read_text())
     return (summary, pd.read_parquet(run_dir / "requests.parquet"),
             pd.read_parquet(run_dir / "iterations.parquet"))
@@ -367,4 +371,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from replay.cli import run_or_exit
+
+    run_or_exit(main)

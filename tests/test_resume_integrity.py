@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from replay.outputs import append_row, drop_partial_last_row
 from tests.test_cli import last_json, run_cli
@@ -165,3 +166,39 @@ def test_a_path_valued_sweep_override_cannot_leave_the_sweep_folder(tmp_path):
     assert proc.returncode == 1, proc.stderr  # one job failed: the missing file
     jobs = [p.parent for p in tmp_path.rglob("summary.json")]
     assert len(jobs) == 2 and all(job.parent == sweep for job in jobs), jobs
+
+
+COMMANDS = ["replay", "replay.reproduce", "replay.plots", "replay.bench", "replay.fluid",
+            "replay.timing.shapes", "replay.timing.fit_linear", "traces.stats", "traces.fetch",
+            "traces.build"]
+
+
+def module(name: str, *args: str):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", name, *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_has_help(name):
+    done = module(name, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+
+
+@pytest.mark.parametrize(("name", "args", "fragment"), [
+    ("replay.plots", ["kv", "/nonexistent"], "not a finished run"),
+    ("replay.timing.shapes", ["policy=nope"], "policy/nope"),
+    ("replay.timing.shapes", ["data_dir=/nonexistent"], "not found"),
+    ("replay.fluid", ["workload=lmsys_synthetic"], "typed workload"),
+    ("traces.stats", ["workload=csv", "workload.path=/nonexistent.csv"], "not found"),
+    ("replay.reproduce", ["nope"], "invalid choice"),
+])
+def test_every_command_answers_bad_input_with_one_line(name, args, fragment):
+    done = module(name, *args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and fragment in done.stderr

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
+
+from replay.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ TRACE_FILES: tuple[RemoteFile, ...] = (
 )
 
 
-class FetchError(RuntimeError):
-    """A download failed or did not match the expected file."""
+class FetchError(InputError, RuntimeError):
+    """A download failed or did not match the expected file (reported as bad input: the
+    network or the origin, not this code)."""
 
 
 def sha256_of(path: Path) -> str:
@@ -126,4 +128,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from replay.cli import run_or_exit
+
+    run_or_exit(main)

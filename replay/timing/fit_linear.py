@@ -25,6 +25,7 @@ import sys
 import numpy as np
 from scipy.optimize import nnls
 
+from replay.cli import run_or_exit
 from replay.timing.base import BatchShape
 from replay.timing.shapes import MODEL_HARDWARE, compose_timing
 from replay.timing.simple import LinearTiming
@@ -84,4 +85,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_or_exit(main))

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 
+from replay.cli import run_or_exit
 from replay.run import compose_config
 from replay.timing.base import BatchShape
 
@@ -86,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_or_exit(main))
