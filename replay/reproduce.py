@@ -66,8 +66,11 @@ class TargetFailed(RuntimeError):
 
 def in_sweep(sweep: str, figure: Callable[..., list[Path]], **options
              ) -> Callable[[Path, Path], list[Path]]:
-    """A figure drawn from one named sweep of a target (``runs/<sweep>/``)."""
+    """A figure drawn from one named sweep of a target (``runs/<sweep>/``); none if that
+    sweep did not run (``--quick`` skips some)."""
     def draw(runs_dir: Path, out_dir: Path) -> list[Path]:
+        if not (runs_dir / sweep).is_dir():
+            return []
         return figure(runs_dir / sweep, out_dir, **options)
     return draw
 
@@ -84,8 +87,8 @@ LOADS = "workload.load=0.2,0.4,0.6,0.8,1.0,1.2,1.5"
 #: in batch size, which caps throughput regardless of policy (see the README).
 B_SWEEPS = {"paper": (), "rate": (LOADS,), "rate_linear": (LOADS, "timing=linear"),
             "batch": ("batch_limit=100,250,500,1000,2000",)}
+#: Quick: no linear-timing sweep (the quick Vidur grid overrides do not apply to it).
 B_QUICK_SWEEPS = {"paper": (), "rate": ("workload.load=0.5,1.2",),
-                  "rate_linear": ("workload.load=0.5,1.2", "timing=linear"),
                   "batch": ("batch_limit=100,500",)}
 
 
