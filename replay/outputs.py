@@ -60,7 +60,7 @@ def changed_inputs(files: Sequence[dict]) -> list[str]:
 
 
 #: Output options that change how a run is done or shown, not what it produces.
-NOT_RESULT_KEYS = ("progress", "overwrite", "skip_existing")
+NOT_RESULT_KEYS = ("progress", "overwrite", "skip_existing", "fail_on")
 
 
 def result_config(config: dict) -> dict:
