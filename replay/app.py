@@ -28,6 +28,7 @@ from replay.cli import error_summary, fail, is_input_error, register_resolvers
 from replay.errors import InputError
 from replay.outputs import atomic_write_text
 from replay.run import CONFIG_DIR, run
+from replay.validate import validate_config
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 
@@ -36,6 +37,7 @@ register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 def main(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
+        validate_config(cfg)
         if cfg.get("study") is not None:
             summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
         else:

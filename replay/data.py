@@ -28,8 +28,15 @@ class MissingDataError(InputError, FileNotFoundError):
 def require_file(path: str | Path, what: str) -> Path:
     """Return ``path`` if it exists, else fail saying where the file comes from."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise InputError(f"{what}: {p} is a directory, not a file")
     if not p.is_file():
         raise MissingDataError(f"{what}: file not found: {p}. {FETCH_HINT}")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{what}: {p} cannot be read ({exc.strerror})") from exc
     return p
 
 

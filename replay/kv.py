@@ -35,6 +35,9 @@ class KVCapacity:
 
 def _blocked(tokens: int, block_size: int) -> int:
     """Round down to whole blocks: paged attention cannot use a partial block."""
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"kv.block_size={block_size!r} is not allowed: it must be a whole "
+                          f"number >= 1")
     return tokens // block_size * block_size
 
 

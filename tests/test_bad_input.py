@@ -1,0 +1,28 @@
+"""Bad config values are one `error:` line naming the key, the value and what is allowed,
+with exit status 2, before anything runs (replay.validate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_cli import run_cli
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["seed=abc"], "seed='abc' is not allowed: it must be a whole number >= 0"),
+    (["seed=-3"], "seed=-3"),
+    (["workload.n=-1"], "workload.n=-1 is not allowed"),
+    (["workload=csv"], "workload.path is required"),
+    (["kv.block_size=0"], "kv.block_size=0"),
+    (["engine.max_steps=abc"], "engine.max_steps='abc'"),
+    (["engine.livelock_window=-1"], "engine.livelock_window=-1"),
+    (["engine.requeue=side"], "must be front or back"),
+    (["hardware=a100x1", "timing=linear"], "has no linear timing coefficients for hardware"),
+    (["workload=csv", "workload.path=/"], "is a directory"),
+])
+def test_bad_values_are_one_line_naming_the_key(overrides, message, tmp_path):
+    proc = run_cli(*overrides, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error:") and message in lines[-1], lines[-1]
+    assert "Traceback" not in proc.stderr
