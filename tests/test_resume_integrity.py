@@ -149,7 +149,7 @@ def test_bad_engine_values_and_empty_workloads_are_refused(tmp_path):
             "engine.livelock_window")
     refused(run_cli("engine.max_steps=0", f"hydra.run.dir={tmp_path / 'b'}"),
             "engine.max_steps")
-    refused(run_cli("workload.n=0", f"hydra.run.dir={tmp_path / 'c'}"), "no requests")
+    refused(run_cli("workload.n=0", f"hydra.run.dir={tmp_path / 'c'}"), "workload.n=0")
     refused(run_cli("arrivals.rate=1e-300", "workload.n=5", f"hydra.run.dir={tmp_path / 'd'}"),
             "arrival")
 
