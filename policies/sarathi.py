@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.errors import ConfigError
-from replay.paging import blocks, preempt_latest_until_fit
+from replay.paging import blocks, check_serving_limits, preempt_latest_until_fit
 from replay.policy import Batch, OverflowRule, PolicyView
 
 
@@ -47,12 +46,8 @@ class SarathiLike:
     preemption: str = "recompute"
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1:
-            raise ConfigError(f"policy.chunk_size must be >= 1, got {self.chunk_size}")
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"policy.max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"policy.watermark must be in [0, 1), got {self.watermark}")
+        check_serving_limits(chunk_size=self.chunk_size, max_num_seqs=self.max_num_seqs,
+                             watermark=self.watermark)
 
     def decide(self, view: PolicyView) -> Batch:
         block = view.kv_block_size

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.errors import ConfigError
-from replay.paging import blocks, preempt_latest_until_fit
+from replay.paging import blocks, check_serving_limits, preempt_latest_until_fit
 from replay.policy import Batch, OverflowRule, PolicyView
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -47,13 +47,9 @@ class VLLMLike:
     preemption: str = "recompute"
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"policy.max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ConfigError(f"policy.max_num_batched_tokens must be >= 1, "
-                              f"got {self.max_num_batched_tokens}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"policy.watermark must be in [0, 1), got {self.watermark}")
+        check_serving_limits(max_num_seqs=self.max_num_seqs,
+                             max_num_batched_tokens=self.max_num_batched_tokens,
+                             watermark=self.watermark)
 
     def decide(self, view: PolicyView) -> Batch:
         block = view.kv_block_size

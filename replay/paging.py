@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from replay.errors import ConfigError
+
 
 def blocks(tokens, block_size: int):
     """Blocks needed to hold ``tokens`` slots (elementwise)."""
@@ -31,3 +33,13 @@ def preempt_latest_until_fit(ids: np.ndarray, blocks_after: np.ndarray,
         freed = np.cumsum(blocks_after[latest_first])
         keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
     return keep
+
+
+def check_serving_limits(**limits) -> None:
+    """Reject a serving policy's limits: counts (``max_num_seqs``, token budgets) must be
+    >= 1 and ``watermark`` a fraction in [0, 1); each named by its ``policy.`` key."""
+    for key, value in limits.items():
+        ok = 0.0 <= value < 1.0 if key == "watermark" else value >= 1
+        if not ok:
+            allowed = "in [0, 1)" if key == "watermark" else ">= 1"
+            raise ConfigError(f"policy.{key} must be {allowed}, got {value}")

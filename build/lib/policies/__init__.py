@@ -1,5 +1,0 @@
-"""Scheduling policies. Each is one small module plus one ``configs/policy/*.yaml``.
-
-A policy implements :class:`replay.policy.Policy`: ``decide(view) -> Batch`` and an
-``overflow`` rule. Shared logic lives in :mod:`replay.lookahead`.
-"""

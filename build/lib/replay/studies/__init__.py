@@ -1,1 +1,0 @@
-"""Multi-trial studies run through the ``study`` hook of ``python -m replay``."""

@@ -1,6 +1,0 @@
-"""Request-length traces: download (:mod:`traces.fetch`), build (:mod:`traces.build`), describe
-(:mod:`traces.stats`).
-
-The replay reads traces from ``${data_dir}/traces/`` (see ``configs/workload/``); nothing here
-is imported by a replay.
-"""
