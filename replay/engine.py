@@ -37,17 +37,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from replay.errors import ConfigError
 from replay.histogram import LogHistogram
 from replay.kv import KVCapacity
 from replay.paging import blocks
 from replay.policy import Batch, Policy, PolicyView
 from replay.requests import Requests
 from replay.timing.base import BatchShape, TimingBackend
+from replay.validate import check_value
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
-PREEMPTION_MODES = ("restart", "recompute")
-REQUEUE_POSITIONS = ("front", "back")
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -109,24 +107,16 @@ class Engine:
                  requeue: str = "front", max_running: int | None = None) -> None:
         if requests.arrival is None:
             raise ValueError("Engine: requests have no arrival times; assign arrivals first")
-        if preemption not in PREEMPTION_MODES:
-            raise ConfigError(f"engine.preemption must be one of {PREEMPTION_MODES}, "
-                              f"got {preemption!r}")
-        if requeue not in REQUEUE_POSITIONS:
-            raise ConfigError(f"engine.requeue must be one of {REQUEUE_POSITIONS}, "
-                              f"got {requeue!r}")
-        if max_running is not None and max_running < 1:
-            raise ConfigError(f"engine.max_running must be >= 1 or null, got {max_running}")
+        for key, value in (("preemption", preemption), ("requeue", requeue),
+                           ("max_running", max_running), ("livelock_window", livelock_window),
+                           ("max_steps", max_steps)):
+            check_value(f"engine.{key}", value)
         self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
         requests.validate(kv.tokens)
         self.requests = requests
         self.policy = policy
         self.timing = timing
         self.kv = kv
-        for key, value in (("livelock_window", livelock_window), ("max_steps", max_steps)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"engine.{key} must be a whole number >= 1 or null, "
-                                  f"got {value!r}")
         self.livelock_window = livelock_window or default_livelock_window(requests)
         self.max_steps = max_steps
         self.progress = progress

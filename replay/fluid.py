@@ -292,6 +292,24 @@ def nested_condition_thresholds(tails: np.ndarray, edges: np.ndarray, prompt_len
     return smallest_on_ray(np.where(reached, weights, 1e-300), holds, max_steps)
 
 
+def linear_coefficients(cfg) -> dict:
+    """``{d0, d1, d2, source}`` of the linear iteration-time model a config implies.
+
+    Unit time: one round per iteration (``d0 = 1``). ``timing=linear``: its own
+    coefficients. Otherwise (Vidur) the model's fitted ones for the hardware
+    (``model.linear_timing``): they define the stability boundary.
+    """
+    timing = cfg.timing
+    if str(timing.get("_target_", "")).endswith("UnitTiming"):
+        return {"d0": 1.0, "d1": 0.0, "d2": 0.0, "source": "unit time: d0 = 1 round"}
+    if timing.get("d0") is not None:
+        linear, source = timing, "timing=linear"
+    else:
+        linear = cfg.model.linear_timing[cfg.hardware.name]
+        source = f"model.linear_timing.{cfg.hardware.name} of {cfg.model.name}"
+    return {**{k: float(linear[k]) for k in ("d0", "d1", "d2")}, "source": source}
+
+
 # ------------------------------------------------------------------------------- CLI
 def describe(cfg) -> dict:
     """Everything the fluid model says about the configured typed workload."""
@@ -303,11 +321,10 @@ def describe(cfg) -> dict:
     convention = cfg.get("fluid_convention", "harness")
     # The workload's effective rates (after total_rate / load rescaling).
     mix = TypeMix.from_types(list(instantiate(cfg.workload).types), convention)
-    coefficients = cfg.model.linear_timing[cfg.hardware.name]
-    if cfg.timing.get("d0") is not None:
-        coefficients = cfg.timing
-    d0, d1, d2 = float(coefficients.d0), float(coefficients.d1), float(coefficients.d2)
+    coefficients = linear_coefficients(cfg)
+    d0, d1, d2 = coefficients["d0"], coefficients["d1"], coefficients["d2"]
     out = {"convention": convention, "d0": d0, "d1": d1, "d2": d2,
+           "coefficients_source": coefficients["source"],
            "rate_scale_at_boundary": stability_boundary(mix, d1, d2),
            **equilibrium(mix, d0, d1, d2)}
     batch_limit = cfg.policy.get("batch_limit", cfg.get("batch_limit"))

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from replay.cli import register_resolvers
 from replay.engine import Engine, RunResult
 from replay.errors import ConfigError
-from replay.fluid import TypeMix, equilibrium, stability_boundary
+from replay.fluid import TypeMix, equilibrium, linear_coefficients, stability_boundary
 from replay.metrics import summarize
 from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
 from replay.requests import RequestError, Requests
@@ -96,24 +96,15 @@ def make_requests(workload, arrivals, seed: int, time_unit: str,
     return requests.with_arrivals(times)
 
 
-def fluid_benchmark(types, cfg: DictConfig, time_unit: str) -> dict:
-    """The fluid equilibrium of a typed workload's (effective) rates, recorded with its run.
-
-    Unit time: one round per iteration (``d0 = 1``). Otherwise the linear coefficients
-    of the model and hardware (``model.linear_timing``, fitted to Vidur), whichever
-    backend ran: they define the stability boundary the B figures mark.
-    """
+def fluid_benchmark(types, cfg: DictConfig) -> dict:
+    """The fluid equilibrium of a typed workload's (effective) rates, recorded with its run,
+    under the linear coefficients the config implies (:func:`replay.fluid.linear_coefficients`):
+    they define the stability boundary the B figures mark."""
     mix = TypeMix.from_types(list(types))
-    if time_unit == "rounds":
-        d0, d1, d2, source = 1.0, 0.0, 0.0, "unit time: d0 = 1 round"
-    else:
-        linear = cfg.model.linear_timing[cfg.hardware.name]
-        d0, d1, d2 = float(linear.d0), float(linear.d1), float(linear.d2)
-        source = f"model.linear_timing.{cfg.hardware.name} of {cfg.model.name}"
-    return {"coefficients": {"d0": d0, "d1": d1, "d2": d2, "source": source},
-            "total_rate": float(mix.rate.sum()), "rates": mix.rate.tolist(),
-            "rate_scale_at_boundary": stability_boundary(mix, d1, d2),
-            **equilibrium(mix, d0, d1, d2)}
+    c = linear_coefficients(cfg)
+    return {"coefficients": c, "total_rate": float(mix.rate.sum()), "rates": mix.rate.tolist(),
+            "rate_scale_at_boundary": stability_boundary(mix, c["d1"], c["d2"]),
+            **equilibrium(mix, c["d0"], c["d1"], c["d2"])}
 
 
 def known_types(cfg: DictConfig, workload) -> dict:
@@ -143,7 +134,7 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     if hasattr(policy, "describe"):
         result.policy_info = policy.describe()
     if getattr(workload, "types", None) is not None:
-        result.fluid = fluid_benchmark(workload.types, cfg, timing.time_unit)
+        result.fluid = fluid_benchmark(workload.types, cfg)
     return result, requests, timing.describe()
 
 

@@ -89,13 +89,24 @@ def _lookup(resolved: dict, dotted: str):
 _ABSENT = object()
 
 
+RULE_BY_KEY = {rule.key: rule for rule in RULES}
+
+
+def check_value(key: str, value) -> None:
+    """Check one value against its rule (also used by components built without a config,
+    e.g. the engine's own options)."""
+    rule = RULE_BY_KEY[key]
+    if value is None and rule.optional:
+        return
+    if not isinstance(value, rule.kind) or not rule.allowed(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: it must be {rule.says}")
+
+
 def validate_config(cfg: DictConfig) -> dict:
     """The resolved config, after checking every rule; raises ConfigError otherwise."""
     resolved = _resolve(cfg)
     for rule in RULES:
         value = _lookup(resolved, rule.key)
-        if value is _ABSENT or (value is None and rule.optional):
-            continue
-        if not isinstance(value, rule.kind) or not rule.allowed(value):
-            raise ConfigError(f"{rule.key}={value!r} is not allowed: it must be {rule.says}")
+        if value is not _ABSENT:
+            check_value(rule.key, value)
     return resolved

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from replay.fluid import (
     TypeMix,
     equilibrium,
+    linear_coefficients,
     nested_condition_thresholds,
     segment_memory_terms,  # noqa: E402
 )
@@ -43,10 +44,7 @@ from replay.workloads import output_length_types  # noqa: E402
 def scenario_types(experiment: str, data_dir: str, seed: int = 0) -> tuple[list[dict], dict]:
     """The effective typed rates of a B experiment, and its linear coefficients."""
     cfg = compose_config([f"experiment={experiment}", f"data_dir={data_dir}"])
-    linear = cfg.model.linear_timing[cfg.hardware.name]
-    unit = cfg.timing._target_.endswith("UnitTiming")
-    coefficients = ({"d0": 1.0, "d1": 0.0, "d2": 0.0} if unit else
-                    {k: float(linear[k]) for k in ("d0", "d1", "d2")})
+    coefficients = {k: v for k, v in linear_coefficients(cfg).items() if k != "source"}
     if "types" in cfg.workload:
         return list(instantiate(cfg.workload).types), coefficients
     requests = make_requests(instantiate(cfg.workload), instantiate(cfg.arrivals), seed,
@@ -92,7 +90,7 @@ def benchmark_table(scenarios: dict[str, str], data_dir: str, simulated_root: Pa
 
 def segment_terms(cfg: DictConfig, histogram: pd.Series, settings: list[dict],
                   segment_counts: list[int], prompt_len: float, epsilon: float) -> pd.DataFrame:
-    linear = cfg.model.linear_timing[cfg.hardware.name]
+    linear = linear_coefficients(cfg)
     lengths = histogram.index.to_numpy()
     weights = histogram.to_numpy(dtype=float) / histogram.sum()
     rows = []
@@ -102,8 +100,8 @@ def segment_terms(cfg: DictConfig, histogram: pd.Series, settings: list[dict],
             groups = np.array_split(np.arange(lengths.size), segments)
             edges = np.concatenate(([0], [lengths[g[-1]] for g in groups]))
             tails = np.array([rate[lengths > b].sum() for b in edges[:-1]])
-            n = nested_condition_thresholds(tails, edges, prompt_len, float(linear.d0),
-                                            float(linear.d1), epsilon)
+            n = nested_condition_thresholds(tails, edges, prompt_len, linear["d0"],
+                                            linear["d1"], epsilon)
             if n is None:
                 rows.append({**setting, "segments": segments, "term1": np.nan,
                              "term2": np.nan, "term3": np.nan, "total": np.nan})
