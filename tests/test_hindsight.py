@@ -12,23 +12,20 @@ import pytest
 from scipy import sparse
 from scipy.optimize import linprog
 
-from policies.hindsight import (
+from policies.mcsf import MCSF
+from replay.engine import Engine
+from replay.hindsight.instance import (
     Instance,
     disjoint_tails,
-    exhaustive_optimum,
     is_feasible,
     kv_profile,
     latest_starts,
-    lp_bound,
     max_overlap,
-    solve,
     symmetry_groups,
-    tail_rows,
     tel,
-    time_indexed,
 )
-from policies.mcsf import MCSF
-from replay.engine import Engine
+from replay.hindsight.ip import exhaustive_optimum, solve
+from replay.hindsight.lp import lp_bound, tail_rows, time_indexed
 from replay.kv import explicit
 from replay.overflow import EvictLIFO
 from replay.policy import Batch
@@ -105,7 +102,7 @@ def test_highs_matches_exhaustive_in_its_own_process():
     # highspy and ortools cannot be loaded into one process (their HiGHS builds clash).
     code = (
         "from tests.test_hindsight import tiny_instances, mcsf_starts\n"
-        "from policies.hindsight import solve, exhaustive_optimum\n"
+        "from replay.hindsight import solve, exhaustive_optimum\n"
         "for inst in tiny_instances(20):\n"
         "    r = solve(inst, mcsf_starts(inst)[0], solver='highs', time_limit_s=20)\n"
         "    assert r.status == 'optimal' and r.objective == exhaustive_optimum(inst)[0], r\n"

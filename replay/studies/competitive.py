@@ -5,7 +5,7 @@ horizon ``T`` and a rate ``lambda`` with Poisson arrivals per round (online);
 lengths follow the MC-SF paper's generator (``workload=synthetic``,
 ``distribution=a1``). MC-SF and FCFS with lookahead are replayed by the real
 engine under unit time; the better of the two schedules bounds the horizon of
-the integer program and warm-starts the solver (:mod:`policies.hindsight`).
+the integer program and warm-starts the solver (:mod:`replay.hindsight`).
 The LP relaxation adds a second lower bound.
 
 A trial is a pure function of its seed (``SeedSequence([seed, trial])``).
@@ -40,11 +40,11 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from policies.fcfs import FCFSLookahead
-from policies.hindsight import Instance, is_feasible, lp_bound, solve, tel
 from policies.mcsf import MCSF
 from replay.arrivals import AllAtOnce, PoissonRounds
 from replay.engine import Engine
 from replay.errors import InputError
+from replay.hindsight import Instance, is_feasible, lp_bound, solve, tel
 from replay.kv import explicit
 from replay.outputs import append_row, atomic_write_text, drop_partial_last_row, read_summary
 from replay.overflow import EvictLIFO
