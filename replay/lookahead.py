@@ -40,23 +40,25 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int
     return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
 
 
-def running_profile(view: PolicyView, estimate: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def running_profile(view: PolicyView, estimate: np.ndarray | None = None,
+                    running: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(base, remaining)`` of the running set, assuming every running request advances.
 
     ``estimate`` replaces the view's ``predicted_output``; a request that has
     already generated its estimate is assumed to need one more iteration. A
     request still prefilling in chunks is counted as if its prompt were in KV
-    (conservative).
+    (conservative). ``running`` replaces the view's running set (a policy that
+    evicts some first).
     """
-    run = view.running
+    run = view.running if running is None else running
     est = view.predicted_output if estimate is None else estimate
     generated = view.generated[run]
     return view.prompt_len[run] + generated, np.maximum(est[run] - generated, 1)
 
 
 def admissible_prefix(view: PolicyView, candidates: np.ndarray,
-                      estimate: np.ndarray | None = None) -> int:
+                      estimate: np.ndarray | None = None, running: np.ndarray | None = None
+                      ) -> int:
     """Length of the longest prefix of ``candidates`` that can start now.
 
     Feasibility is monotone in the prefix (adding a request never lowers the
@@ -67,7 +69,7 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     if candidates.size == 0:
         return 0
     est = view.predicted_output if estimate is None else estimate
-    run_base, run_rem = running_profile(view, est)
+    run_base, run_rem = running_profile(view, est, running)
     # A waiting request that kept tokens (recompute preemption) re-prefills them.
     cand_base = view.prefill_len[candidates]
     cand_rem = np.maximum(est[candidates] - view.generated[candidates], 1)

@@ -36,6 +36,7 @@ class Requests:
     length_unit: str = "tokens"
     dropped: dict[str, int] = field(default_factory=dict)
     files: tuple[dict, ...] = ()
+    predictor: object = None  # what filled predicted_lo/hi (replay.prediction), if anything
 
     def __post_init__(self) -> None:
         n = len(self.prompt_len)

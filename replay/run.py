@@ -12,6 +12,7 @@ import json
 import logging
 import platform
 import time
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from replay.errors import ConfigError
 from replay.fluid import TypeMix, equilibrium, linear_coefficients, stability_boundary
 from replay.metrics import summarize
 from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
+from replay.prediction import error_summary, predict
 from replay.requests import RequestError, Requests
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,14 @@ def make_requests(workload, arrivals, seed: int, time_unit: str,
     return requests.with_arrivals(times)
 
 
+def with_predictions(requests: Requests, predictor, kv_tokens: int, seed: int) -> Requests:
+    """Fill the predicted intervals (:mod:`replay.prediction`) from the predictor's own
+    seeded stream, so that the lengths and arrivals do not depend on the predictor."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xB2]))
+    lo, hi = predict(predictor, requests.prompt_len, requests.output_len, kv_tokens, rng)
+    return replace(requests, predicted_lo=lo, predicted_hi=hi, predictor=predictor)
+
+
 def fluid_benchmark(types, cfg: DictConfig) -> dict:
     """The fluid equilibrium of a typed workload's (effective) rates, recorded with its run,
     under the linear coefficients the config implies (:func:`replay.fluid.linear_coefficients`):
@@ -123,6 +133,7 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     workload = instantiate(cfg.workload)
     requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit,
                              cfg.get("workload_seed"))
+    requests = with_predictions(requests, instantiate(cfg.prediction), kv.tokens, cfg.seed)
     policy = instantiate(cfg.policy, **known_types(cfg, workload))
     engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
                     livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
@@ -175,6 +186,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "timing": timing_info,
         "workload_source": requests.source,
         "dropped_rows": requests.dropped,
+        "prediction": error_summary(requests.predictor, requests.predicted_lo,
+                                    requests.predicted_hi, requests.output_len),
         "policy_info": result.policy_info,
         "fluid": result.fluid,
         "input_files": list(requests.files) + list(timing_info.get("files", [])),

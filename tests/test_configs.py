@@ -33,7 +33,7 @@ REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"], ("policy", "wait")
             ("paper_policy", "wait"): TYPED,
             ("paper_policy", "wait_b0"): [*TYPED,
                                           "workload.types=[{prompt_len:1,output_len:2,rate:4}]"]}
-COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy")
+COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy", "prediction")
 #: Groups whose options are `# @package _global_` setups rather than one config node.
 GLOBAL_GROUPS = {"experiment", "paper_policy", "setup"}
 #: Groups that are not in the primary defaults list (experiments include them).
