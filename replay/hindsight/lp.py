@@ -49,6 +49,96 @@ def time_indexed(inst: Instance, latest: np.ndarray) -> TimeIndexed:
     return TimeIndexed(request, start, first_round, n_rounds, memory, assign)
 
 
+# ------------------------------------------------------------ coarse time grid
+def _held_prefix(s: np.ndarray, o: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """``sum_{j <= last} (s + j + 1)`` over a request's iterations ``j = 0..o-1`` (0 before)."""
+    x = np.clip(last, -1, o - 1)
+    return (x + 1) * (s + 1) + x * (x + 1) // 2
+
+
+def bucket_coefficients(s: int, o: int, grid: int) -> np.ndarray:
+    """The least average KV a request holds in each bucket ``k = 0, 1, ...`` after the
+    bucket it starts in, over the ``grid`` start rounds of that bucket.
+
+    Started ``t0`` rounds into its bucket, it holds ``s + j + 1`` in round ``j`` of its
+    life, so bucket ``k`` sums a window of ``grid`` consecutive values starting at
+    ``k g - t0``. That window sum rises then falls as the window slides (the footprint
+    grows, then ends), so its least value over ``t0`` is at ``t0 = 0`` or ``g - 1``.
+    """
+    k = np.arange((o + 2 * grid - 2) // grid)
+
+    def window(first):
+        return _held_prefix(s, o, first + grid - 1) - _held_prefix(s, o, first - 1)
+
+    return np.minimum(window(k * grid), window(k * grid - grid + 1)) / grid
+
+
+def bucketed(inst: Instance, latest: np.ndarray, grid: int) -> TimeIndexed:
+    """The relaxation on buckets of ``grid`` rounds: column ``(i, b)`` starts ``i`` somewhere
+    in bucket ``b`` at a cost of its earliest allowed round there; memory row ``r``
+    bounds the bucket's average KV by ``M`` with each column's least average
+    (:func:`bucket_coefficients`). Every schedule maps to a feasible point of no
+    larger cost, so the LP stays a lower bound; at ``grid = 1`` it is the fine model.
+    """
+    a, s, o = inst.arrival, inst.prompt_len, inst.output_len
+    first, last = a // grid, latest // grid
+    width = last - first + 1
+    request = np.repeat(np.arange(len(inst)), width)
+    bucket = np.arange(width.sum()) - np.repeat(np.cumsum(width) - width, width) + first[request]
+    start = np.maximum(bucket * grid, a[request])
+    patterns = [bucket_coefficients(int(s[i]), int(o[i]), grid) for i in range(len(inst))]
+    length = np.array([p.size for p in patterns])
+    first_bucket = int(first.min(initial=0))
+    n_rows = int((last + length).max(initial=first_bucket)) - first_bucket
+    per_column = length[request]
+    column = np.repeat(np.arange(request.size), per_column)
+    step = np.arange(per_column.sum()) - np.repeat(np.cumsum(per_column) - per_column, per_column)
+    offsets = np.concatenate([[0], np.cumsum(length)])
+    flat = np.concatenate(patterns)
+    coefficient = flat[offsets[request[column]] + step]
+    rows = bucket[column] + step - first_bucket
+    memory = sparse.csr_matrix((coefficient, (rows, column)), shape=(n_rows, request.size))
+    assign = sparse.csr_matrix((np.ones(request.size), (request, np.arange(request.size))),
+                               shape=(len(inst), request.size))
+    return TimeIndexed(request, start, first_bucket * grid, n_rows, memory, assign)
+
+
+def _pricing_grid(inst: Instance, latest: np.ndarray, multiplier: np.ndarray, grid: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_pricing` on the bucketed model: per request, the cheapest bucket in
+    ``[a_i // g, latest_i // g]`` (as its start round) and its cost."""
+    a, s, o = inst.arrival, inst.prompt_len, inst.output_len
+    first_bucket = int((a // grid).min())
+    best_start = np.empty(len(inst), dtype=np.int64)
+    best_cost = np.empty(len(inst))
+    for i in range(len(inst)):
+        pattern = bucket_coefficients(int(s[i]), int(o[i]), grid)
+        lo, hi = int(a[i] // grid) - first_bucket, int(latest[i] // grid) - first_bucket
+        y = np.zeros(hi - lo + pattern.size)
+        known = multiplier[lo: hi + pattern.size]
+        y[: known.size] = known
+        buckets = np.arange(lo, hi + 1)
+        cost = (np.maximum((buckets + first_bucket) * grid, a[i])
+                + np.correlate(y, pattern, mode="valid"))
+        j = int(np.argmin(cost))
+        best_start[i] = max((buckets[j] + first_bucket) * grid, int(a[i]))
+        best_cost[i] = cost[j]
+    return best_start, best_cost
+
+
+def auto_grid(inst: Instance, max_columns: int) -> int:
+    """The finest grid whose first LP (memory-area horizon) has at most ``max_columns``."""
+    a, o = inst.arrival, inst.output_len
+    horizon = int(a.max()) - int(a.min()) + area_rounds(inst) + int(o.max())
+    return max(1, math.ceil(len(inst) * (horizon + 1) / max_columns))
+
+
+def area_rounds(inst: Instance) -> int:
+    """``ceil(sum_i o_i (s_i + (o_i + 1) / 2) / M)``: rounds the KV area needs at full M."""
+    s, o = inst.prompt_len, inst.output_len
+    return math.ceil(float((o * (s + (o + 1) / 2)).sum()) / inst.kv_capacity)
+
+
 
 
 # ------------------------------------------------------------------ LP bound
@@ -69,6 +159,18 @@ class LPBound:
     rounds: int
     solve_time_s: float
     message: str = ""
+    method: str = "highs-ipm"
+    grid: int = 1
+    horizon: int | None = None  # the last start round the final LP allowed
+    memory_rows: int = 0
+
+    def describe(self) -> dict:
+        """What a result records about the LP (Sorted-LP, LP-Swap, the studies)."""
+        return {"lp_method": self.method, "lp_status": self.status, "lp_value": self.value,
+                "lp_bound": self.bound, "lp_time_s": self.solve_time_s, "lp_grid": self.grid,
+                "lp_horizon": self.horizon, "lp_columns": self.columns,
+                "lp_memory_rows": self.memory_rows, "lp_generation_rounds": self.rounds,
+                "lp_message": self.message}
 
 
 def _window_sums(values: np.ndarray, length: int, first: np.ndarray, last: np.ndarray
@@ -135,8 +237,8 @@ def _most_violated(excess: list[np.ndarray], limit: int, first_round: int) -> li
 
 
 def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: float = 60.0,
-             max_rounds: int = 40, tail_cuts: bool = True, max_new_cuts: int = 300
-             ) -> LPBound:
+             max_rounds: int = 40, tail_cuts: bool = True, max_new_cuts: int = 300,
+             grid: int = 1, method: str = "highs-ipm") -> LPBound:
     """The LP relaxation of the time-indexed program, solved by column generation,
     strengthened by tail cuts when ``tail_cuts``.
 
@@ -153,15 +255,21 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
     ``sum_i min_k [k + sum_j (s_i + j) y + tail duals] - M sum y - sum z`` is a valid
     lower bound (weak duality, ``y, z >= 0``), so a time-out still leaves a bound; at
     convergence it equals the LP optimum (with the cuts) over the full horizon.
+
+    ``grid > 1`` solves the coarser relaxation of :func:`bucketed` instead (no tail
+    cuts): still a lower bound, weaker, with ``grid`` times fewer columns. ``method``
+    is SciPy's HiGHS method (``highs-ipm``: interior point with crossover;
+    ``highs-ds``: dual simplex; ``highs``: HiGHS chooses); the LP often has several
+    optima, so the method is part of a Sorted-LP result and is recorded with it.
     """
     started = time.perf_counter()
+    if grid > 1 and tail_cuts:
+        raise ValueError("lp_bound: tail cuts are defined on the fine grid only (grid=1)")
     if len(inst) == 0:
-        return LPBound("optimal", 0.0, 0.0, np.zeros(0), 0, 0, 0.0)
-    a, s, o = inst.arrival, inst.prompt_len, inst.output_len
+        return LPBound("optimal", 0.0, 0.0, np.zeros(0), 0, 0, 0.0, method=method, grid=grid)
+    a, o = inst.arrival, inst.output_len
     latest = latest_starts(inst, upper_bound_tel)
-    area = float((o * (s + (o + 1) / 2)).sum())
-    window = np.maximum(a, np.minimum(latest, int(a.max()) + math.ceil(area / inst.kv_capacity)
-                                      + int(o.max())))
+    window = np.maximum(a, np.minimum(latest, int(a.max()) + area_rounds(inst) + int(o.max())))
     families = disjoint_tails(inst) if tail_cuts else []
     cut_rounds = [np.zeros(0, dtype=np.int64) for _ in families]  # per family, absolute rounds
     constant = tel_constant(inst)
@@ -170,14 +278,14 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
         remaining = time_limit_s - (time.perf_counter() - started)
         if remaining <= 0:
             break
-        model = time_indexed(inst, window)
+        model = time_indexed(inst, window) if grid == 1 else bucketed(inst, window, grid)
         tails = [tail_rows(inst, model, members, heads) for members, heads in families]
         cut_rows = [t[r - model.first_round] for t, r in zip(tails, cut_rounds, strict=True)]
         n_cuts = sum(r.size for r in cut_rounds)
         result = linprog(
             c=model.start.astype(float), A_ub=sparse.vstack([model.memory, *cut_rows]),
             b_ub=np.concatenate([np.full(model.n_rounds, inst.kv_capacity), np.ones(n_cuts)]),
-            A_eq=model.assign, b_eq=np.ones(len(inst)), bounds=(0, 1), method="highs-ipm",
+            A_eq=model.assign, b_eq=np.ones(len(inst)), bounds=(0, 1), method=method,
             options={"time_limit": float(remaining)})
         if result.status != 0:
             status = "time_limit" if result.status == 1 else "error"
@@ -191,7 +299,11 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
             z[r - model.first_round] = duals[offset: offset + r.size]
             cut_duals.append((members, heads, z))
             offset += r.size
-        best_start, best_cost = _pricing(inst, latest, multiplier, model.first_round, cut_duals)
+        if grid == 1:
+            best_start, best_cost = _pricing(inst, latest, multiplier, model.first_round,
+                                             cut_duals)
+        else:
+            best_start, best_cost = _pricing_grid(inst, latest, multiplier, grid)
         lagrangian = (best_cost.sum() - inst.kv_capacity * multiplier.sum()
                       - duals[model.n_rounds:].sum() + constant)
         bound = max(bound or -math.inf, float(math.ceil(lagrangian - 1e-6 * max(1.0, lagrangian))))
@@ -203,10 +315,12 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
             mean_start = np.bincount(model.request, weights=model.start * result.x,
                                      minlength=len(inst))
             return LPBound("optimal", bound, result.fun + constant, mean_start,
-                           model.n_columns, rounds, time.perf_counter() - started)
+                           model.n_columns, rounds, time.perf_counter() - started, method=method,
+                           grid=grid, horizon=int(window.max()), memory_rows=model.n_rounds)
         cut_rounds = [np.union1d(r, v) for r, v in zip(cut_rounds, violated, strict=True)]
         window = np.where(grow, np.minimum(latest, np.maximum(best_start, 2 * window - a + 1)),
                           window)
         message = f"column and cut generation stopped after {rounds} rounds"
-    return LPBound(status, bound, None, None, 0, rounds, time.perf_counter() - started, message)
+    return LPBound(status, bound, None, None, 0, rounds, time.perf_counter() - started, message,
+                   method=method, grid=grid, horizon=int(window.max()))
 
