@@ -21,7 +21,10 @@ Two semantics are options (MODEL.md §3.4), both recorded in every summary:
 
 ``max_running`` (optional) caps the running set for every policy: admissions
 beyond it are cut, keeping the first ones of the policy's list (a prefix keeps
-a lookahead-feasible set feasible).
+a lookahead-feasible set feasible). ``max_starts_per_round`` (optional, a
+diagnostic) cuts each step's admissions to that many the same way: at 1 it is
+the "one start per round" setup that the Sorted-F paper's Table 4 totals imply
+(EXPERIMENTS.md C1).
 
 State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
 workload position), so each step costs a handful of vectorised operations over
@@ -104,14 +107,17 @@ class Engine:
                  kv: KVCapacity, seed: int = 0, livelock_window: int | None = None,
                  max_steps: int | None = None, progress: bool = False,
                  validate_decisions: bool = True, preemption: str = "restart",
-                 requeue: str = "front", max_running: int | None = None) -> None:
+                 requeue: str = "front", max_running: int | None = None,
+                 max_starts_per_round: int | None = None) -> None:
         if requests.arrival is None:
             raise ValueError("Engine: requests have no arrival times; assign arrivals first")
         for key, value in (("preemption", preemption), ("requeue", requeue),
                            ("max_running", max_running), ("livelock_window", livelock_window),
+                           ("max_starts_per_round", max_starts_per_round),
                            ("max_steps", max_steps)):
             check_value(f"engine.{key}", value)
         self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
+        self.max_starts_per_round = max_starts_per_round
         requests.validate(kv.tokens)
         self.requests = requests
         self.policy = policy
@@ -298,6 +304,8 @@ class Engine:
                 # A cap on running requests for every policy (a serving engine's batch limit):
                 # the policy's admissions are cut to the first ones in its order.
                 start = start[: max(0, self.max_running - self.running.size)]
+            if self.max_starts_per_round is not None:
+                start = start[: self.max_starts_per_round]
             advance = (self.running if batch.advance is None
                        else self._check_ids(batch.advance, RUNNING, "advance"))
             members = np.concatenate((advance, start)) if start.size else advance

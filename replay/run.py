@@ -140,7 +140,8 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
                     progress=cfg.output.progress,
                     validate_decisions=cfg.engine.validate_decisions,
                     preemption=cfg.engine.preemption, requeue=cfg.engine.requeue,
-                    max_running=cfg.engine.max_running)
+                    max_running=cfg.engine.max_running,
+                    max_starts_per_round=cfg.engine.get("max_starts_per_round"))
     result = engine.run()
     if hasattr(policy, "describe"):
         result.policy_info = policy.describe()

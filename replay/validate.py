@@ -44,6 +44,8 @@ RULES = (
          "a whole number >= 1 or null", optional=True),
     Rule("engine.max_running", int, lambda v: _whole(v) and v >= 1,
          "a whole number >= 1 or null", optional=True),
+    Rule("engine.max_starts_per_round", int, lambda v: _whole(v) and v >= 1,
+         "a whole number >= 1 or null", optional=True),
     Rule("engine.preemption", str, lambda v: v in ("restart", "recompute"),
          "restart or recompute"),
     Rule("engine.requeue", str, lambda v: v in ("front", "back"), "front or back"),

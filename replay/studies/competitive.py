@@ -29,9 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +41,13 @@ from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
 from replay.arrivals import AllAtOnce, PoissonRounds
 from replay.engine import Engine
-from replay.errors import InputError
 from replay.hindsight import Instance, is_feasible, lp_bound, solve, tel
 from replay.kv import explicit
-from replay.outputs import append_row, atomic_write_text, drop_partial_last_row, read_summary
+from replay.outputs import append_row, atomic_write_text
 from replay.overflow import EvictLIFO
 from replay.requests import Requests
 from replay.run import make_requests, package_versions
+from replay.studies.trials import finished_trials, run_parallel
 from replay.timing.simple import UnitTiming
 from replay.workloads import Synthetic
 
@@ -155,30 +153,6 @@ def _study_params(trials, online, kv_tokens, n_requests, horizon, rate, prompt_m
     return params
 
 
-def _finished_trials(out_dir: Path, params: dict) -> pd.DataFrame | None:
-    """The trials already in ``out_dir`` (``None`` if none), for a study with ``params``.
-
-    A study with other parameters is refused; only ``trials`` may differ, so a study
-    can be extended in place. A partial last row (an interrupted write) is dropped.
-    """
-    study_file, trials_file = out_dir / "study.json", out_dir / "trials.csv"
-    previous = read_summary(study_file) if study_file.is_file() else None
-
-    def without_trials(p: dict) -> dict:
-        return {k: v for k, v in p.items() if k != "trials"}
-
-    if previous is not None and without_trials(previous) != without_trials(params):
-        raise InputError(f"{study_file}: this directory holds a study with other parameters "
-                         f"({previous}); use a new output directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(study_file, json.dumps(params, indent=1) + "\n")
-    if drop_partial_last_row(trials_file):
-        log.warning("%s: dropped a partial last row left by an interrupted run", trials_file)
-    if trials_file.is_file() and trials_file.stat().st_size:
-        return pd.read_csv(trials_file)
-    return None
-
-
 def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool = False,
               kv_tokens=(30, 50), n_requests=(40, 60), horizon=(40, 60), rate=(0.5, 1.5),
               prompt_max: int = 5, solver: str = "cpsat_cumulative", time_limit_s: float = 10.0,
@@ -193,7 +167,7 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
                            solver, time_limit_s, solver_threads, symmetry_breaking,
                            tail_disjunction, lp_bound, lp_time_limit_s, lp_tail_cuts,
                            int(cfg.seed), quick)
-    done = _finished_trials(out_dir, params)
+    done = finished_trials(out_dir, params)
     finished = set() if done is None else set(done["trial"].astype(int))
     todo = [t for t in range(params["trials"]) if t not in finished]
     if finished:
@@ -202,7 +176,8 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
     started = time.perf_counter()
     trials_file = out_dir / "trials.csv"
     bar = tqdm(total=len(todo), desc="trials", disable=not progress)
-    for row in _run_trials(todo, params, workers):
+    seeds = {t: trial_seed(params["seed"], t) for t in todo}
+    for row in run_parallel(run_trial, ((t, seeds[t], params) for t in todo), workers):
         append_row(trials_file, row, COLUMNS)
         bar.update(1)
     bar.close()
@@ -214,20 +189,6 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     log.info("%s", format_summary(summary))
     return summary
-
-
-def _run_trials(todo: list[int], params: dict, workers: int):
-    seeds = {t: trial_seed(params["seed"], t) for t in todo}
-    if workers <= 1:
-        for t in todo:
-            yield run_trial(t, seeds[t], params)
-        return
-    # spawn: ortools and highspy cannot share a process, so workers start clean.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(run_trial, t, seeds[t], params) for t in todo]
-        for future in as_completed(futures):
-            yield future.result()
 
 
 def _stats(values: pd.Series) -> dict:

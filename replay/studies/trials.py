@@ -1,0 +1,61 @@
+"""What every many-trial study shares: resumable ``trials.csv`` in a run folder, and
+trials run in worker processes.
+
+A study's parameters are stored in ``study.json``; a rerun with other parameters
+in the same folder is refused rather than mixed in (only ``trials`` may differ, so
+a study can be extended in place). Rows are appended whole as trials finish, and a
+partial last row left by an interruption is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import pandas as pd
+
+from replay.errors import InputError
+from replay.outputs import atomic_write_text, drop_partial_last_row, read_summary
+
+log = logging.getLogger(__name__)
+
+
+def finished_trials(out_dir: Path, params: dict) -> pd.DataFrame | None:
+    """The trials already in ``out_dir`` (``None`` if none), for a study with ``params``."""
+    study_file, trials_file = out_dir / "study.json", out_dir / "trials.csv"
+    previous = read_summary(study_file) if study_file.is_file() else None
+
+    def without_trials(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k != "trials"}
+
+    if previous is not None and without_trials(previous) != without_trials(params):
+        raise InputError(f"{study_file}: this directory holds a study with other parameters "
+                         f"({previous}); use a new output directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(study_file, json.dumps(params, indent=1) + "\n")
+    if drop_partial_last_row(trials_file):
+        log.warning("%s: dropped a partial last row left by an interrupted run", trials_file)
+    if trials_file.is_file() and trials_file.stat().st_size:
+        return pd.read_csv(trials_file)
+    return None
+
+
+def run_parallel(function: Callable, arguments: Iterable[tuple], workers: int) -> Iterator:
+    """``function(*args)`` for each, in completion order, in ``workers`` processes.
+
+    Workers are spawned, not forked: ortools and highspy cannot share a process, so
+    each worker starts clean."""
+    arguments = list(arguments)
+    if workers <= 1:
+        for args in arguments:
+            yield function(*args)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(function, *args) for args in arguments]
+        for future in as_completed(futures):
+            yield future.result()
