@@ -8,7 +8,8 @@ and orders them by ``y_i = sum_t t x_it`` ascending (ties by id). Phase 2 is
 Sorted-F's (:mod:`replay.planned`, shared lookahead check).
 
 * Time grid: ``grid`` rounds per LP bucket, or ``auto``: the finest grid whose
-  first LP has at most ``max_columns`` start variables. ``grid = 1`` is the
+  first LP has at most ``max_columns`` start variables and ``max_nonzeros``
+  memory-matrix entries. ``grid = 1`` is the
   paper's LP; coarser grids solve a weaker relaxation (:func:`replay.hindsight.lp.bucketed`).
 * ``method``: SciPy's HiGHS method. The LP often has several optima, and which
   one the solver returns changes the order, so the method is recorded.
@@ -44,6 +45,7 @@ class SortedLP:
     overflow: OverflowRule
     grid: int | str = "auto"
     max_columns: int = 50_000
+    max_nonzeros: int | None = None
     method: str = "highs-ipm"
     time_limit_s: float = 600.0
     queue: PlannedQueue = field(default_factory=PlannedQueue, init=False, repr=False)
@@ -57,7 +59,8 @@ class SortedLP:
 
     def solve_lp(self, s: np.ndarray, o: np.ndarray, kv_capacity: int) -> LPBound:
         inst = Instance(s, o, np.zeros(s.size, dtype=np.int64), kv_capacity)
-        grid = auto_grid(inst, self.max_columns) if self.grid == "auto" else int(self.grid)
+        grid = (auto_grid(inst, self.max_columns, self.max_nonzeros) if self.grid == "auto"
+                else int(self.grid))
         lp = lp_bound(inst, tail_cuts=False, grid=grid, method=self.method,
                       time_limit_s=self.time_limit_s)
         self.lp_runs.append(lp.describe())

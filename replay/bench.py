@@ -6,7 +6,10 @@ for each policy, and prints simulated requests per wall-second, the policy's own
 decision time per scheduling step and the rest of the wall time per step (engine,
 timing backend and setup, including loading the workload). ``--scenarios all`` runs
 the named scenarios instead (WAIT and Nested WAIT on their B workloads, Vidur timing
-where named). Not a test: numbers depend on the machine.
+where named). ``--sorted`` measures the Sorted-F family instead: one Phase-1 plan of
+Sorted-F (swap, quantile) over 2,000 and 20,000 waiting requests, and the LP's build and
+solve time at the sizes of C1 (Uniform, n = 100, M = 100) and C2 (mixed, n = 2,000).
+Not a test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -14,7 +17,20 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
+from hydra.utils import instantiate
+
+from replay.hindsight.instance import Instance
+from replay.hindsight.lp import (
+    area_rounds,
+    auto_grid,
+    bucketed,
+    latest_starts,
+    lp_bound,
+    time_indexed,
+)
 from replay.run import build_and_run, compose_config
+from replay.workloads import Synthetic
 
 #: Named scenarios: the threshold policies on their own workloads (EXPERIMENTS.md B).
 SCENARIOS = {
@@ -37,8 +53,13 @@ def main() -> None:
     parser.add_argument("--scenarios", default=None,
                         help=f"named scenarios instead of the policy grid: "
                              f"{','.join(SCENARIOS)} (or 'all')")
+    parser.add_argument("--sorted", action="store_true",
+                        help="Phase-1 plan and LP times of the Sorted-F family instead")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
+    if args.sorted:
+        bench_sorted(args.repeat)
+        return
     print(f"{'run':<24}{'requests':>9}{'iterations':>11}{'wall s':>9}{'req/wall-s':>12}"
           f"{'decide us/step':>16}{'other us/step':>16}")
     if args.scenarios:
@@ -66,6 +87,39 @@ def report(label: str, cfg, repeat: int) -> None:
     steps = len(result.iterations)
     print(f"{label:<24}{len(requests):>9}{steps:>11}{best:>9.2f}{len(requests) / best:>12.0f}"
           f"{1e6 * decide / steps:>16.1f}{1e6 * (best - decide) / steps:>16.1f}", flush=True)
+
+
+def bench_sorted(repeat: int) -> None:
+    """Phase-1 plan time (one decision over the whole backlog) and LP build/solve times."""
+    print(f"{'Sorted-F plan':<34}{'waiting':>9}{'plan s':>9}{'decide s (run)':>16}")
+    for solver in ("swap", "quantile"):
+        for n in (2_000, 20_000):
+            cfg = compose_config(["workload=lmsys_synthetic", f"workload.n={n}",
+                                  "arrivals=all_at_once", "timing=linear", "policy=sorted_f",
+                                  f"policy.solver={solver}"])
+            best = min((build_and_run(cfg)[0] for _ in range(repeat)),
+                       key=lambda r: r.policy_info["phase1_time_s"])
+            print(f"{'lmsys_synthetic, M = 16,492, ' + solver:<34}{n:>9}"
+                  f"{best.policy_info['phase1_time_s']:>9.3f}{best.decision_time_s:>16.3f}",
+                  flush=True)
+    c1 = Synthetic(n=100, distribution="uniform").sample(np.random.default_rng(0))
+    mixed = instantiate(compose_config(["workload=mixed", "workload.n=2000"]).workload)
+    c2 = mixed.sample(np.random.default_rng(0))
+    print(f"{'LP':<34}{'grid':>6}{'columns':>9}{'build s':>9}{'total s':>9}{'status':>10}")
+    for label, requests, kv, max_columns in (("C1 uniform n=100 M=100", c1, 100, None),
+                                             ("C1 uniform n=100 M=100", c1, 100, 50_000),
+                                             ("C2 mixed n=2000 M=16,492", c2, 16_492, 800_000)):
+        inst = Instance(requests.prompt_len, requests.output_len,
+                        np.zeros(len(requests), dtype=np.int64), kv)
+        grid = 1 if max_columns is None else auto_grid(inst, max_columns)
+        # The first LP's window (the memory-area horizon), as lp_bound builds it.
+        window = np.minimum(latest_starts(inst), area_rounds(inst) + int(inst.output_len.max()))
+        started = time.perf_counter()
+        (time_indexed(inst, window) if grid == 1 else bucketed(inst, window, grid))
+        build = time.perf_counter() - started
+        lp = lp_bound(inst, tail_cuts=False, grid=grid, time_limit_s=600)
+        print(f"{label:<34}{grid:>6}{lp.columns:>9}{build:>9.2f}{lp.solve_time_s:>9.2f}"
+              f"{lp.status:>10}", flush=True)
 
 
 if __name__ == "__main__":

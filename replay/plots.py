@@ -103,7 +103,13 @@ def policy_label(policy_cfg: dict) -> str:
         if overflow.endswith("ClearEachWithProb"):
             return f"alpha/beta-clearing ({policy_cfg['alpha']}, {policy_cfg['overflow']['beta']})"
         return f"alpha-protection ({policy_cfg['alpha']})"
-    return {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)"}.get(name, name)
+    if name == "SortedF":
+        return f"Sorted-F ({policy_cfg['solver']})"
+    if name == "AMin":
+        return {"a_min": "Sorted-F + A_min", "a_max": "Sorted-F + A_max",
+                "optimistic": "Sorted-F, optimistic"}[policy_cfg["variant"]]
+    return {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)", "SortedLP": "Sorted-LP",
+            "LPSwap": "LP-Swap"}.get(name, name)
 
 
 def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[Path]:
@@ -219,13 +225,20 @@ def _select(config: dict, dotted: str):
     return config
 
 
-def sweep_table(sweep_dir: Path, params: dict[str, str]) -> pd.DataFrame:
-    """One row per run of a sweep: its summary's headline numbers and the ``params``
-    (column name -> dotted config key) read from its resolved config."""
+def sweep_table(sweep_dir: Path, params: dict[str, str],
+                results: dict[str, str] | None = None) -> pd.DataFrame:
+    """One row per run of a sweep: its summary's headline numbers, the ``params``
+    (column name -> dotted config key) read from its resolved config, and the
+    ``results`` (column name -> dotted summary key; missing -> None)."""
     rows = []
     for summary_path in sorted(sweep_dir.glob("*/summary.json")):
         summary = json.loads(summary_path.read_text())
         row = {name: _select(summary["config"], key) for name, key in params.items()}
+        for name, key in (results or {}).items():
+            try:
+                row[name] = _select(summary, key)
+            except (KeyError, TypeError):
+                row[name] = None
         row.update({k: summary[k] for k in ("status", "n_requests", "n_completed",
                                             "mean_latency", "p99_latency", "evictions")})
         row["policy"] = policy_label(summary["config"]["policy"])

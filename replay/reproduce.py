@@ -29,6 +29,7 @@ from replay.plots import (
     plot_sensitivity,
     plot_timescale_variants,
 )
+from replay.plots_sorted import plot_c2, plot_d2
 from replay.plots_wait import plot_policy_bars, plot_wait_sweep
 from replay.run import CONFIG_DIR
 
@@ -113,12 +114,40 @@ A3_FIGURES = (plot_latency_vs_n_runs, plot_latency_vs_n, plot_kv_of_sweep)
 
 TARGETS: dict[str, Target] = {
     "c3": Target(
-        "C3 worked example: TEL of FCFS (both tie orders) and MC-SF, unit time, M = 64",
-        ("experiment=c3_example", "policy=fcfs,mcsf",
+        "C3 worked example: TEL of FCFS (both tie orders), MC-SF, Sorted-F (dp, swap, "
+        "quantile), Sorted-LP and LP-Swap, unit time, M = 64",
+        ("experiment=c3_example",
+         "paper_policy=fcfs,mcsf,sorted_f_dp,sorted_f_swap,sorted_f_quantile,sorted_lp,lp_swap",
          "workload.groups=[{count:1,prompt_len:63,output_len:1},"
          "{count:21,prompt_len:1,output_len:2}],[{count:21,prompt_len:1,output_len:2},"
          "{count:1,prompt_len:63,output_len:1}]"),
         figures=(plot_metric_bars,)),
+    "c1": Target(
+        "C1: mean TEL ± s.e. of seven policies and the LP bound on five synthetic distributions "
+        "(100 trials each, unit time, M = 100), next to the paper's Table 4",
+        ("experiment=c1_synthetic",), quick=("study.quick=true",), multirun=False,
+        figures=(study_figures,)),
+    "c2": Target(
+        "C2: average latency and decision time vs n = 200..2000 of FCFS, MC-SF, Sorted-LP, "
+        "LP-Swap, Sorted-F (swap, quantile); mixed LMSYS + arXiv, Llama-2-70B TP2, Vidur "
+        "linear regression, 5 shuffles",
+        ("experiment=c2_mixed",), quick=("workload.n=60,120", "seed=0,1"),
+        figures=(plot_c2,), needs_data=True),
+    "d2": Target(
+        "D2: Sorted-F + A_min, A_max, optimistic vs prediction interval ratio alpha, and MC-SF "
+        "vs point-prediction noise sigma; C2 setup at n = 400, 30 seeds",
+        ("experiment=d2_prediction_error",), quick=("workload.n=60", "seed=0,1"),
+        sweeps={"interval": ("policy.variant=a_min,a_max,optimistic",
+                             "prediction.alpha=1,0.8,0.5,0.2"),
+                "point": ("policy=mcsf", "prediction=noisy", "prediction.sigma=0,0.25,0.5,1")},
+        quick_sweeps={"interval": ("policy.variant=a_min,a_max,optimistic",
+                                   "prediction.alpha=1,0.5"),
+                      "point": ("policy=mcsf", "prediction=noisy", "prediction.sigma=0,0.5")},
+        figures=(in_sweep("interval", plot_d2, x="alpha",
+                          label="interval ratio alpha (l/u; 1 = exact)"),
+                 in_sweep("point", plot_d2, x="sigma",
+                          label="log-normal noise sigma of the point estimate (0 = exact)")),
+        needs_data=True),
     "a3_small": Target(
         "A3 (scaled down) + A5: separate runs of n = 40..400, the first-n curve of the largest "
         "runs, KV of MC-SF", ("experiment=a3_small",),

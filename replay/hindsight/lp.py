@@ -126,11 +126,21 @@ def _pricing_grid(inst: Instance, latest: np.ndarray, multiplier: np.ndarray, gr
     return best_start, best_cost
 
 
-def auto_grid(inst: Instance, max_columns: int) -> int:
-    """The finest grid whose first LP (memory-area horizon) has at most ``max_columns``."""
+def auto_grid(inst: Instance, max_columns: int, max_nonzeros: int | None = None) -> int:
+    """The finest grid whose first LP (memory-area horizon) has at most ``max_columns``
+    start columns and, if given, at most ``max_nonzeros`` memory-matrix entries (a
+    column has about ``o / g + 1``: long outputs make big LPs even with few columns)."""
     a, o = inst.arrival, inst.output_len
     horizon = int(a.max()) - int(a.min()) + area_rounds(inst) + int(o.max())
-    return max(1, math.ceil(len(inst) * (horizon + 1) / max_columns))
+    grid = max(1, math.ceil(len(inst) * (horizon + 1) / max_columns))
+
+    def nonzeros(g: int) -> int:
+        return int(((horizon // g + 1) * ((o + 2 * g - 2) // g)).sum())
+
+    if max_nonzeros is not None:
+        while nonzeros(grid) > max_nonzeros:
+            grid = math.ceil(grid * 1.25)
+    return grid
 
 
 def area_rounds(inst: Instance) -> int:
