@@ -134,7 +134,8 @@ def table_markdown(summary: dict, policies) -> str:
              "Table 4. Its totals cannot come from its stated setup (M = 100, s, o <= 50): "
              "they are dominated by an n(n-1)/2 term, as if at most one request started per "
              "round; max_starts_per_round=1 runs that setup. The LP bound is Sorted-LP's LP "
-             "on the time grid g shown (a valid, weaker relaxation when g > 1).", "", header, "|" + "---|" * (len(policies) + 3)]
+             "on the time grid g shown (a valid, weaker relaxation when g > 1).", "", header,
+             "|" + "---|" * (len(policies) + 3)]
     for distribution, entry in summary.items():
         cells = []
         for name in policies:
