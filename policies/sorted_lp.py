@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.errors import ConfigError, InputError
+from replay.errors import ConfigError, SolverError
 from replay.hindsight.instance import Instance
 from replay.hindsight.lp import LPBound, auto_grid, lp_bound
 from replay.lookahead import admissible_prefix
@@ -34,10 +34,6 @@ from replay.planned import PlannedQueue
 from replay.policy import Batch, OverflowRule, PolicyView
 
 METHODS = ("highs-ipm", "highs-ds", "highs")
-
-
-class SolverError(InputError, RuntimeError):
-    """The LP behind a plan did not reach optimality (time limit or solver failure)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.cli import error_summary, fail, is_input_error, register_resolvers
+from replay.cli import error_summary, fail, input_error_message, is_input_error, register_resolvers
 from replay.errors import InputError
 from replay.outputs import atomic_write_text
 from replay.run import CONFIG_DIR, run
@@ -48,10 +48,10 @@ def main(cfg: DictConfig) -> dict:
         if not is_input_error(exc):
             raise
         if HydraConfig.get().mode != RunMode.MULTIRUN:
-            fail(exc)
+            fail(input_error_message(exc))
         # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
         # and the sweep's report counts it (replay.cli.SweepReport).
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
         summary = error_summary(cfg, exc)
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary, default=str), flush=True)

@@ -7,6 +7,7 @@ rejected value reads the same everywhere.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
@@ -47,6 +48,15 @@ def is_input_error(exc: BaseException) -> bool:
         isinstance(exc, InstantiationException) and isinstance(exc.__cause__, InputError))
 
 
+def input_error_message(exc: BaseException) -> str:
+    """One line for bad input: a component's rejection names the config node it came from
+    instead of Hydra's multi-line "Error in call to target" wrapper."""
+    if isinstance(exc, InstantiationException) and isinstance(exc.__cause__, InputError):
+        node = re.search(r"full_key: (\S+)", str(exc))
+        return f"{exc.__cause__}" + (f" (config node {node.group(1)})" if node else "")
+    return " ".join(str(exc).split("\n"))
+
+
 def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
     """Call ``work``; bad input (a rejected file or value, a config that does not compose)
     becomes one ``error:`` line and exit status 2. Anything else keeps its traceback."""
@@ -69,7 +79,8 @@ def error_summary(cfg: DictConfig, exc: BaseException) -> dict:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:
         config = OmegaConf.to_container(cfg, resolve=False)
-    return {"status": "error", "message": str(exc), "partial": True, "config": config}
+    return {"status": "error", "message": input_error_message(exc), "partial": True,
+            "config": config}
 
 
 class SweepReport:

@@ -12,3 +12,8 @@ class InputError(Exception):
 
 class ConfigError(InputError, ValueError):
     """A config value a component rejects (named by its config key in the message)."""
+
+
+class SolverError(InputError, RuntimeError):
+    """An LP or MILP behind a policy's plan did not reach optimality (time limit or solver
+    failure); the message names the status and the option that changes it."""

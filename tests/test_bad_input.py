@@ -19,6 +19,15 @@ from tests.test_cli import run_cli
     (["engine.requeue=side"], "must be front or back"),
     (["hardware=a100x1", "timing=linear"], "has no linear timing coefficients for hardware"),
     (["workload=csv", "workload.path=/"], "is a directory"),
+    (["engine.max_starts_per_round=0"], "engine.max_starts_per_round=0"),
+    (["policy=sorted_f", "policy.solver=knapsack"], "policy.solver='knapsack'"),
+    (["policy=sorted_f", "policy.solver=dp", "policy.phase1_feasibility=staggered"],
+     "exact for phase1_feasibility=peak_sum only"),
+    (["policy=sorted_lp", "policy.method=simplex"], "policy.method='simplex'"),
+    (["experiment=c3_example", "policy=sorted_lp", "policy.grid=1", "policy.time_limit_s=1e-9"],
+     "ended with status time_limit"),
+    (["prediction=ratio", "prediction.alpha=1.5"], "prediction.alpha=1.5"),
+    (["policy=a_min", "policy.variant=a_mid"], "policy.variant='a_mid'"),
 ])
 def test_bad_values_are_one_line_naming_the_key(overrides, message, tmp_path):
     proc = run_cli(*overrides, f"hydra.run.dir={tmp_path}")

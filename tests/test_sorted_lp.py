@@ -11,8 +11,8 @@ from policies.fcfs import FCFSLookahead
 from policies.lp_swap import LPSwap
 from policies.mcsf import MCSF
 from policies.sorted_f import SortedF
-from policies.sorted_lp import SolverError, SortedLP
-from replay.errors import ConfigError
+from policies.sorted_lp import SortedLP
+from replay.errors import ConfigError, SolverError
 from replay.hindsight.instance import Instance
 from replay.hindsight.lp import auto_grid, bucket_coefficients, bucketed, lp_bound, time_indexed
 from replay.overflow import EvictLIFO
