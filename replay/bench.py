@@ -106,12 +106,16 @@ def bench_sorted(repeat: int) -> None:
     mixed = instantiate(compose_config(["workload=mixed", "workload.n=2000"]).workload)
     c2 = mixed.sample(np.random.default_rng(0))
     print(f"{'LP':<34}{'grid':>6}{'columns':>9}{'build s':>9}{'total s':>9}{'status':>10}")
-    for label, requests, kv, max_columns in (("C1 uniform n=100 M=100", c1, 100, None),
-                                             ("C1 uniform n=100 M=100", c1, 100, 50_000),
-                                             ("C2 mixed n=2000 M=16,492", c2, 16_492, 800_000)):
+    # The grid caps of the C1 study and of the C2 setup (and C2 with a finer grid).
+    for label, requests, kv, caps in (("C1 uniform n=100 M=100", c1, 100, None),
+                                      ("C1 uniform n=100 M=100", c1, 100, (50_000, None)),
+                                      ("C2 mixed n=2000 M=16,492", c2, 16_492,
+                                       (800_000, 2_000_000)),
+                                      ("C2 mixed n=2000 M=16,492", c2, 16_492,
+                                       (800_000, 5_000_000))):
         inst = Instance(requests.prompt_len, requests.output_len,
                         np.zeros(len(requests), dtype=np.int64), kv)
-        grid = 1 if max_columns is None else auto_grid(inst, max_columns)
+        grid = 1 if caps is None else auto_grid(inst, *caps)
         # The first LP's window (the memory-area horizon), as lp_bound builds it.
         window = np.minimum(latest_starts(inst), area_rounds(inst) + int(inst.output_len.max()))
         started = time.perf_counter()
