@@ -1,0 +1,130 @@
+"""One results table: ``python -m replay.results collect DIR... [--out FILE]`` and
+``python -m replay.results query "SQL" [--table FILE]``.
+
+``collect`` gathers every run's ``summary.json`` under the given folders into one
+Parquet file, a row per run: its folder (``run_dir``), status, the scalar metrics
+(``mean_latency``, ``tel``, ...), the policy's and predictor's records flattened
+(``policy_info.lp_grid``, ``prediction.mean_relative_error``, ...), the resolved
+config flattened (``config.policy._target_``, ``config.workload.n``, ...; lists as
+JSON text) and the code and package versions. Study summaries (many trials
+each, no ``config``) are not runs; their ``trials.csv`` are tables already.
+
+``query`` runs DuckDB SQL over that file, exposed as the view ``runs``, e.g.::
+
+    python -m replay.results query "SELECT \\"config.policy._target_\\" AS policy,
+        avg(mean_latency) FROM runs WHERE status = 'completed' GROUP BY 1"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from replay.cli import fail, run_or_exit
+from replay.errors import InputError
+from replay.outputs import atomic_write
+
+DEFAULT_TABLE = Path("outputs/results.parquet")
+#: Nested summary records flattened into columns (the rest stay out of the table).
+FLATTENED = ("policy_info", "prediction", "timing", "packages")
+
+
+def _flatten(record: dict, prefix: str) -> dict:
+    flat = {}
+    for key, value in record.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name))
+        elif isinstance(value, list | tuple):
+            flat[name] = json.dumps(value, default=str)
+        else:
+            flat[name] = value
+    return flat
+
+
+def run_row(summary_path: Path) -> dict | None:
+    """The table row of one run (``None`` for a study summary)."""
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{summary_path}: not a readable summary ({exc})") from None
+    if not isinstance(summary, dict) or "config" not in summary:
+        return None
+    row = {"run_dir": str(summary_path.parent.resolve())}
+    for key, value in summary.items():
+        if key == "config":
+            row.update(_flatten(value, "config"))
+        elif key in FLATTENED and isinstance(value, dict):
+            row.update(_flatten(value, key))
+        elif value is None or isinstance(value, bool | int | float | str):
+            row[key] = value
+    row["code_version"] = summary.get("packages", {}).get("kvsched")
+    return row
+
+
+def collect(folders: list[Path], out: Path) -> pd.DataFrame:
+    """Every run under ``folders`` into one Parquet file at ``out``; returns the table."""
+    rows, skipped = [], 0
+    for folder in folders:
+        if not folder.is_dir():
+            raise InputError(f"{folder}: not a folder")
+        for path in sorted(folder.rglob("summary.json")):
+            row = run_row(path)
+            if row is None:
+                skipped += 1
+            else:
+                rows.append(row)
+    if not rows:
+        raise InputError(f"no run summaries under {', '.join(map(str, folders))}")
+    table = pd.DataFrame(rows)
+    # Mixed-type columns (a config value that is a number in one run, text in another)
+    # become text, so that Parquet has one type per column.
+    for column in table.columns:
+        kinds = set(table[column].dropna().map(type))
+        if len(kinds) > 1 and kinds != {int, float}:
+            table[column] = table[column].map(lambda v: None if v is None else str(v))
+    atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
+    print(f"{len(table)} runs, {len(table.columns)} columns -> {out}"
+          + (f" ({skipped} study summaries left out)" if skipped else ""))
+    return table
+
+
+def query(sql: str, table: Path) -> pd.DataFrame:
+    import duckdb
+
+    if not table.is_file():
+        raise InputError(f"{table}: no results table; run `python -m replay.results collect "
+                         f"DIR...` first")
+    with duckdb.connect() as con:
+        con.read_parquet(str(table)).create_view("runs")
+        try:
+            return con.execute(sql).df()
+        except duckdb.Error as exc:
+            raise InputError(f"query failed: {exc}".replace("\n", " ")) from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gather = commands.add_parser("collect", help="gather run summaries into one Parquet file")
+    gather.add_argument("folders", nargs="+", type=Path)
+    gather.add_argument("--out", type=Path, default=DEFAULT_TABLE)
+    ask = commands.add_parser("query", help="DuckDB SQL over the table (view `runs`)")
+    ask.add_argument("sql")
+    ask.add_argument("--table", type=Path, default=DEFAULT_TABLE)
+    ask.add_argument("--csv", action="store_true", help="print CSV instead of a text table")
+    args = parser.parse_args()
+    if args.command == "collect":
+        run_or_exit(collect, args.folders, args.out)
+        return
+    frame = run_or_exit(query, args.sql, args.table)
+    if frame is None:
+        fail("query returned nothing")
+    print(frame.to_csv(index=False) if args.csv else frame.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

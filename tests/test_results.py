@@ -1,0 +1,50 @@
+"""One results table: collect run summaries into Parquet, query them with DuckDB."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replay.errors import InputError
+from replay.results import collect, query
+from replay.run import compose_config, run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for policy in ("fcfs", "mcsf", "sorted_f"):
+        out = root / "sweep" / policy
+        out.mkdir(parents=True)
+        run(compose_config(["experiment=c3_example", f"policy={policy}"]), out)
+    (root / "study").mkdir()
+    (root / "study" / "summary.json").write_text(json.dumps({"status": "completed",
+                                                             "per_distribution": {}}))
+    return root
+
+
+def test_collect_flattens_config_and_metrics_and_leaves_studies_out(runs, tmp_path):
+    table = collect([runs], tmp_path / "results.parquet")
+    assert len(table) == 3  # the study summary is not a run
+    assert {"run_dir", "status", "tel", "config.policy._target_", "config.kv.tokens",
+            "policy_info.solver", "prediction.name", "code_version"} <= set(table.columns)
+
+
+def test_query_answers_sql_over_the_runs(runs, tmp_path):
+    collect([runs], tmp_path / "results.parquet")
+    answer = query('SELECT "config.policy._target_" AS policy, tel FROM runs ORDER BY tel, 1',
+                   tmp_path / "results.parquet")
+    assert answer["tel"].tolist() == [45, 64, 64]
+    assert answer["policy"].iloc[0] == "policies.sorted_f.SortedF"
+
+
+def test_bad_queries_and_missing_tables_are_input_errors(runs, tmp_path):
+    with pytest.raises(InputError, match="no results table"):
+        query("SELECT 1", tmp_path / "missing.parquet")
+    collect([runs], tmp_path / "results.parquet")
+    with pytest.raises(InputError, match="query failed"):
+        query("SELECT nope FROM runs", tmp_path / "results.parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no run summaries"):
+        collect([tmp_path / "empty"], tmp_path / "x.parquet")
