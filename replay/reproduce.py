@@ -6,18 +6,26 @@ them) into ``outputs/reproduce/<target>/``. A target whose outputs are newer tha
 every config file is skipped (make-like); inside a target, finished runs are
 reused by the runs' own resume check, so an interrupted target continues where
 it stopped. ``--quick`` runs a scaled-down version (seconds) into
-``outputs/reproduce/<target>-quick/``; ``all`` runs every target.
+``outputs/reproduce/<target>-quick/``; ``all`` runs every target. Each target shows
+one progress bar per sweep (runs finished, reused, failed; the runs' summaries stay
+in their folders), and the command ends with a table of what ran, was reused or
+failed per target.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from replay.cli import fail
 from replay.plots import (
@@ -241,9 +249,49 @@ def newest_config_mtime() -> float:
     return max(p.stat().st_mtime for p in CONFIG_DIR.rglob("*.yaml"))
 
 
+@dataclass
+class Tally:
+    """What a target's runs did: ran, reused (a finished run with the same config), failed."""
+
+    ran: int = 0
+    reused: int = 0
+    failed: int = 0
+
+
+def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
+    """Run ``python -m replay COMMAND`` with one progress bar over its finished runs.
+
+    Each run prints its summary as one JSON line (full summaries stay in the run
+    folders); those are counted, not echoed. The other output is kept and its last
+    lines are shown only if the command fails.
+    """
+    tail: deque[str] = deque(maxlen=25)
+    reused_before = tally.reused
+    with subprocess.Popen([sys.executable, "-m", "replay", *command], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc, \
+            tqdm(desc=f"  {label}", unit="run", leave=True, file=sys.stdout) as bar:
+        for line in proc.stdout:
+            if line.startswith("{"):
+                status = json.loads(line).get("status")
+                if status == "error":
+                    tally.failed += 1
+                bar.update(1)
+                bar.set_postfix(reused=tally.reused - reused_before, failed=tally.failed)
+            else:
+                if "skipping" in line and "finished run with the same config" in line:
+                    tally.reused += 1
+                tail.append(line.rstrip())
+    tally.ran += bar.n - (tally.reused - reused_before)
+    if proc.returncode != 0:
+        print("\n".join(tail), file=sys.stderr, flush=True)
+    return proc.returncode
+
+
 def run_target(name: str, quick: bool = False, force: bool = False,
-               outputs_root: Path = REPO / "outputs" / "reproduce") -> list[Path]:
+               outputs_root: Path = REPO / "outputs" / "reproduce",
+               tally: Tally | None = None) -> list[Path]:
     target = TARGETS[name]
+    tally = Tally() if tally is None else tally
     out_dir = outputs_root / (f"{name}-quick" if quick else name)
     stamp = out_dir / "outputs.txt"
     if not force and stamp.is_file() and stamp.stat().st_mtime > newest_config_mtime():
@@ -266,10 +314,10 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         else:
             command = [*overrides, *extra, f"hydra.run.dir={where}"]
         print(f"  python -m replay {' '.join(command)}", flush=True)
-        done = subprocess.run([sys.executable, "-m", "replay", *command], cwd=REPO)
-        if done.returncode != 0:
+        returncode = _run_quietly(command, f"{name}/{sweep}" if sweep else name, tally)
+        if returncode != 0:
             raise TargetFailed(f"{name}: `python -m replay {' '.join(command)}` exited with "
-                               f"status {done.returncode} (its last lines above say why)")
+                               f"status {returncode} (its last lines above say why)")
     outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
     stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
     for path in outputs:
@@ -286,13 +334,22 @@ def main() -> None:
                         help="where target folders go")
     args = parser.parse_args()
     names = list(TARGETS) if "all" in args.targets else args.targets
-    failed = []
+    failed, rows = [], []
     for name in names:
+        tally, started = Tally(), time.perf_counter()
         try:
-            run_target(name, args.quick, args.force, args.outputs.resolve())
+            outputs = run_target(name, args.quick, args.force, args.outputs.resolve(), tally)
+            state = "up to date" if tally.ran + tally.reused + tally.failed == 0 else "done"
         except TargetFailed as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             failed.append(name)
+            outputs, state = [], "FAILED"
+        rows.append((name, state, tally.ran, tally.reused, tally.failed, len(outputs),
+                     time.perf_counter() - started))
+    print(f"\n{'target':<28}{'state':<12}{'ran':>6}{'reused':>8}{'failed':>8}{'figures':>9}"
+          f"{'time':>9}")
+    for name, state, ran, reused, bad, figures, seconds in rows:
+        print(f"{name:<28}{state:<12}{ran:>6}{reused:>8}{bad:>8}{figures:>9}{seconds:>8.0f}s")
     if failed:
         fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")
 
