@@ -7,13 +7,15 @@ import io
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from replay.errors import InputError
 from replay.requests import Requests
 from replay.workloads import CsvTrace
 from tests.conftest import REPO
 from traces import stats
-from traces.build import build, word_count
+from traces.build import build, main, word_count
 from traces.fetch import TRACE_FILES, FetchError, RemoteFile, fetch, sha256_of
 
 LMSYS_RECORDS = [
@@ -37,6 +39,23 @@ def test_lmsys_builder_takes_the_first_turns_and_counts_words(tmp_path):
     pool = CsvTrace(str(path), "question_length", "answer_length", drop_nonpositive=True,
                     length_unit="words").sample(np.random.default_rng(0))
     assert pool.prompt_len.tolist() == [4] and pool.dropped == {"nonpositive_length": 1}
+
+
+def test_build_command_reads_a_saved_huggingface_dataset(tmp_path):
+    # The whole loading path of `python -m traces.build` (datasets' own reader), offline:
+    # an in-memory datasets.Dataset saved to disk stands in for the Hub's copy.
+    import datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(LMSYS_RECORDS)}).save_to_disk(
+        str(tmp_path / "lmsys"))
+    out = tmp_path / "lmsys.csv"
+    main(["lmsys", "--from-disk", str(tmp_path / "lmsys"), "--length-unit", "words",
+          "--out", str(out)])
+    frame = pd.read_csv(out)
+    assert frame.to_dict("list") == {"question_length": [4, 0], "answer_length": [6, 2]}
+    with pytest.raises(InputError, match="no split 'test'"):
+        main(["lmsys", "--from-disk", str(tmp_path / "lmsys"), "--split", "test",
+              "--length-unit", "words", "--out", str(out)])
 
 
 def test_arxiv_builder_writes_vidurs_columns_with_any_counter():

@@ -16,8 +16,10 @@ the same either way; set ``workload.length_unit`` to match. No filtering happens
 lengths and context caps are the workload's job (and are counted there). Conversations without
 a user turn followed by an assistant turn are skipped and counted on stderr.
 
-Needs internet access and ``pip install datasets transformers``; it cannot run on the offline
-build machine, and only :func:`build` is tested (on an in-memory dataset).
+Needs the ``data`` extra (``pip install -e ".[data]"``, the HuggingFace ``datasets``
+package; ``transformers`` too for token counts) and internet access, or ``--from-disk DIR``
+for a copy saved with ``save_to_disk``: that is how the tests run the whole loading path
+offline, on a ``datasets.Dataset`` built in memory.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from itertools import islice
 from pathlib import Path
 
 import pandas as pd
+
+from replay.errors import InputError
 
 DEFAULT_TOKENIZER = "meta-llama/Llama-2-7b-hf"
 HF_DATASETS = {"lmsys": ("lmsys/lmsys-chat-1m", None),
@@ -86,13 +90,23 @@ def build(records: Iterable[Mapping], dataset: str, count: Callable[[str], int]
     return frame, skipped
 
 
-def load_records(dataset: str, split: str, limit: int | None) -> Iterable[Mapping]:
+def load_records(dataset: str, split: str, limit: int | None,
+                 from_disk: Path | None = None) -> Iterable[Mapping]:
+    """The dataset's records, streamed from the HuggingFace Hub, or read from a copy saved
+    with ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (``from_disk``)."""
     try:
-        from datasets import load_dataset
+        import datasets
     except ImportError as exc:
-        raise SystemExit("traces.build needs `pip install datasets`") from exc
+        raise SystemExit('traces.build needs the data extra: pip install -e ".[data]"') from exc
+    if from_disk is not None:
+        loaded = datasets.load_from_disk(str(from_disk))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise InputError(f"{from_disk}: no split {split!r} (has {sorted(loaded)})")
+            loaded = loaded[split]
+        return islice(iter(loaded), limit)
     name, config = HF_DATASETS[dataset]
-    return islice(load_dataset(name, config, split=split, streaming=True), limit)
+    return islice(datasets.load_dataset(name, config, split=split, streaming=True), limit)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,10 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
     parser.add_argument("--split", default="train")
     parser.add_argument("--limit", type=int, default=None, help="only the first N records")
+    parser.add_argument("--from-disk", type=Path, default=None,
+                        help="read a dataset saved with save_to_disk instead of the Hub")
     args = parser.parse_args(argv)
     count = token_counter(args.tokenizer) if args.length_unit == "tokens" else word_count
-    frame, skipped = build(load_records(args.dataset, args.split, args.limit), args.dataset,
-                           count)
+    frame, skipped = build(load_records(args.dataset, args.split, args.limit, args.from_disk),
+                           args.dataset, count)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out, index=False)
     print(f"{args.out}: {len(frame)} rows ({args.length_unit}); skipped {dict(skipped)}",
