@@ -15,7 +15,7 @@ failed per target.
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import subprocess
 import sys
 import time
@@ -249,6 +249,10 @@ def newest_config_mtime() -> float:
     return max(p.stat().st_mtime for p in CONFIG_DIR.rglob("*.yaml"))
 
 
+#: The opening of a run summary line (``python -m replay`` prints ``json.dumps(summary)``).
+SUMMARY_START = re.compile(r'\{"status": "(\w+)"')
+
+
 @dataclass
 class Tally:
     """What a target's runs did: ran, reused (a finished run with the same config), failed."""
@@ -271,15 +275,15 @@ def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc, \
             tqdm(desc=f"  {label}", unit="run", leave=True, file=sys.stdout) as bar:
         for line in proc.stdout:
-            if line.startswith("{"):
-                status = json.loads(line).get("status")
-                if status == "error":
-                    tally.failed += 1
-                bar.update(1)
+            # Parallel jobs share the pipe, so two outputs can land on one line: count the
+            # summaries' openings rather than parse whole lines.
+            statuses = SUMMARY_START.findall(line)
+            tally.reused += line.count("finished run with the same config")
+            tally.failed += statuses.count("error")
+            if statuses:
+                bar.update(len(statuses))
                 bar.set_postfix(reused=tally.reused - reused_before, failed=tally.failed)
             else:
-                if "skipping" in line and "finished run with the same config" in line:
-                    tally.reused += 1
                 tail.append(line.rstrip())
     tally.ran += bar.n - (tally.reused - reused_before)
     if proc.returncode != 0:

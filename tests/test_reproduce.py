@@ -124,3 +124,26 @@ def test_d2_exact_predictions_make_the_interval_variants_sorted_f(quick):
     assert (exact["mean_evictions"] == 0).all()
     point = pd.read_csv(next(p for p in outputs if p.name == "d2_sigma.png").with_suffix(".csv"))
     assert set(point["sigma"]) == {0, 0.5}
+
+
+def test_progress_counts_summaries_even_when_parallel_jobs_share_a_line(monkeypatch):
+    from replay import reproduce
+
+    lines = ['{"status": "completed", "tel": 1}{"status": "error", "message": "x"}\n',
+             "[INFO] skipping d: finished run with the same config and inputs\n",
+             '{"status": "completed"}\n']
+
+    class FakeProcess:
+        stdout = iter(lines)
+        returncode = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(reproduce.subprocess, "Popen", lambda *a, **k: FakeProcess())
+    tally = reproduce.Tally()
+    assert reproduce._run_quietly(["-m"], "x", tally) == 0
+    assert (tally.ran, tally.reused, tally.failed) == (2, 1, 1)
