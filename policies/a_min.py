@@ -26,8 +26,8 @@ import numpy as np
 
 from policies.sorted_f import SortedF
 from replay.errors import ConfigError
-from replay.lookahead import admissible_prefix, peak_kv, running_profile
-from replay.policy import Batch, PolicyView
+from replay.lookahead import peak_kv, running_profile
+from replay.policy import PolicyView
 
 VARIANTS = ("a_min", "a_max", "optimistic")
 
@@ -55,20 +55,11 @@ class AMin(SortedF):
         self.estimates[run] = np.maximum(self.estimates[run], view.generated[run])
         return self.estimates
 
-    def decide(self, view: PolicyView) -> Batch:
-        estimate = self.estimate(view)
-        running, evicted = view.running, np.zeros(0, dtype=np.int64)
-        if self.variant == "a_min" and running.size:
-            running, evicted = self._evict_until_fits(view, estimate)
-        order = self.queue.ordered_waiting(view, lambda w: self.plan(view, w, estimate))
-        count = admissible_prefix(view, order, estimate, running)
-        self.queue.admitted(count)
-        return Batch(start=order[:count], preempt=evicted)
-
-    def _evict_until_fits(self, view: PolicyView, estimate: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray]:
-        """``(kept, evicted)``: the fewest running requests, in ascending ``(ô, id)``,
-        whose eviction brings the projected KV within ``M``."""
+    def evict(self, view: PolicyView, estimate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A_min only: the fewest running requests, in ascending ``(ô, id)``, whose eviction
+        brings the projected KV within ``M``."""
+        if self.variant != "a_min" or view.running.size == 0:
+            return super().evict(view, estimate)
         run = view.running
         by_estimate = run[np.lexsort((run, estimate[run]))]
         for count in range(by_estimate.size + 1):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replay.fmetric import check_options, phase1_order
-from replay.lookahead import admissible_prefix
+from replay.lookahead import admissible_prefix, remaining_iterations
 from replay.planned import PlannedQueue
 from replay.policy import Batch, OverflowRule, PolicyView
 
@@ -47,16 +47,21 @@ class SortedF:
         return view.predicted_output
 
     def plan(self, view: PolicyView, waiting: np.ndarray, estimate: np.ndarray) -> np.ndarray:
-        remaining = np.maximum(estimate[waiting] - view.generated[waiting], 1)
+        remaining = remaining_iterations(view, waiting, estimate)
         return phase1_order(self.solver, view.prefill_len[waiting], remaining, waiting,
                             view.kv_capacity, self.phase1_feasibility, view.rng)
 
+    def evict(self, view: PolicyView, estimate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(kept, evicted)`` running requests before admitting; Sorted-F never evicts."""
+        return view.running, np.zeros(0, dtype=np.int64)
+
     def decide(self, view: PolicyView) -> Batch:
         estimate = self.estimate(view)
+        running, evicted = self.evict(view, estimate)
         order = self.queue.ordered_waiting(view, lambda w: self.plan(view, w, estimate))
-        count = admissible_prefix(view, order, estimate)
+        count = admissible_prefix(view, order, estimate, running)
         self.queue.admitted(count)
-        return Batch(start=order[:count])
+        return Batch(start=order[:count], preempt=evicted)
 
     def describe(self) -> dict:
         return {"solver": self.solver, "phase1_feasibility": self.phase1_feasibility,

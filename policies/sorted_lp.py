@@ -29,7 +29,7 @@ import numpy as np
 from replay.errors import ConfigError, SolverError
 from replay.hindsight.instance import Instance
 from replay.hindsight.lp import LPBound, auto_grid, lp_bound
-from replay.lookahead import admissible_prefix
+from replay.lookahead import admissible_prefix, remaining_iterations
 from replay.planned import PlannedQueue
 from replay.policy import Batch, OverflowRule, PolicyView
 
@@ -72,7 +72,7 @@ class SortedLP:
 
     def plan(self, view: PolicyView, waiting: np.ndarray) -> np.ndarray:
         s = view.prefill_len[waiting]
-        o = np.maximum(view.predicted_output[waiting] - view.generated[waiting], 1)
+        o = remaining_iterations(view, waiting, view.predicted_output)
         lp = self.solve_lp(s, o, view.kv_capacity)
         return self.order(s, o, waiting, view.kv_capacity, lp.mean_start)
 

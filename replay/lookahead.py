@@ -40,6 +40,12 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int
     return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
 
 
+def remaining_iterations(view: PolicyView, ids: np.ndarray, estimate: np.ndarray) -> np.ndarray:
+    """Iterations requests ``ids`` still need by ``estimate`` (at least one: a request that
+    has generated its estimate is assumed to need one more)."""
+    return np.maximum(estimate[ids] - view.generated[ids], 1)
+
+
 def running_profile(view: PolicyView, estimate: np.ndarray | None = None,
                     running: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(base, remaining)`` of the running set, assuming every running request advances.
@@ -53,7 +59,7 @@ def running_profile(view: PolicyView, estimate: np.ndarray | None = None,
     run = view.running if running is None else running
     est = view.predicted_output if estimate is None else estimate
     generated = view.generated[run]
-    return view.prompt_len[run] + generated, np.maximum(est[run] - generated, 1)
+    return view.prompt_len[run] + generated, remaining_iterations(view, run, est)
 
 
 def admissible_prefix(view: PolicyView, candidates: np.ndarray,
@@ -72,7 +78,7 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     run_base, run_rem = running_profile(view, est, running)
     # A waiting request that kept tokens (recompute preemption) re-prefills them.
     cand_base = view.prefill_len[candidates]
-    cand_rem = np.maximum(est[candidates] - view.generated[candidates], 1)
+    cand_rem = remaining_iterations(view, candidates, est)
     budget = view.kv_capacity
     # Necessary condition at the first checkpoint bounds the prefix length.
     first = int(run_base.sum()) + run_base.size

@@ -73,20 +73,27 @@ def bucket_coefficients(s: int, o: int, grid: int) -> np.ndarray:
     return np.minimum(window(k * grid), window(k * grid - grid + 1)) / grid
 
 
-def bucketed(inst: Instance, latest: np.ndarray, grid: int) -> TimeIndexed:
+def bucket_patterns(inst: Instance, grid: int) -> list[np.ndarray]:
+    """:func:`bucket_coefficients` of every request (built once per LP, used per round)."""
+    return [bucket_coefficients(int(s), int(o), grid)
+            for s, o in zip(inst.prompt_len, inst.output_len, strict=True)]
+
+
+def bucketed(inst: Instance, latest: np.ndarray, grid: int,
+             patterns: list[np.ndarray] | None = None) -> TimeIndexed:
     """The relaxation on buckets of ``grid`` rounds: column ``(i, b)`` starts ``i`` somewhere
     in bucket ``b`` at a cost of its earliest allowed round there; memory row ``r``
     bounds the bucket's average KV by ``M`` with each column's least average
     (:func:`bucket_coefficients`). Every schedule maps to a feasible point of no
     larger cost, so the LP stays a lower bound; at ``grid = 1`` it is the fine model.
     """
-    a, s, o = inst.arrival, inst.prompt_len, inst.output_len
+    a = inst.arrival
     first, last = a // grid, latest // grid
     width = last - first + 1
     request = np.repeat(np.arange(len(inst)), width)
     bucket = np.arange(width.sum()) - np.repeat(np.cumsum(width) - width, width) + first[request]
     start = np.maximum(bucket * grid, a[request])
-    patterns = [bucket_coefficients(int(s[i]), int(o[i]), grid) for i in range(len(inst))]
+    patterns = bucket_patterns(inst, grid) if patterns is None else patterns
     length = np.array([p.size for p in patterns])
     first_bucket = int(first.min(initial=0))
     n_rows = int((last + length).max(initial=first_bucket)) - first_bucket
@@ -103,16 +110,16 @@ def bucketed(inst: Instance, latest: np.ndarray, grid: int) -> TimeIndexed:
     return TimeIndexed(request, start, first_bucket * grid, n_rows, memory, assign)
 
 
-def _pricing_grid(inst: Instance, latest: np.ndarray, multiplier: np.ndarray, grid: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _pricing_grid(inst: Instance, latest: np.ndarray, multiplier: np.ndarray, grid: int,
+                  patterns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_pricing` on the bucketed model: per request, the cheapest bucket in
     ``[a_i // g, latest_i // g]`` (as its start round) and its cost."""
-    a, s, o = inst.arrival, inst.prompt_len, inst.output_len
+    a = inst.arrival
     first_bucket = int((a // grid).min())
     best_start = np.empty(len(inst), dtype=np.int64)
     best_cost = np.empty(len(inst))
     for i in range(len(inst)):
-        pattern = bucket_coefficients(int(s[i]), int(o[i]), grid)
+        pattern = patterns[i]
         lo, hi = int(a[i] // grid) - first_bucket, int(latest[i] // grid) - first_bucket
         y = np.zeros(hi - lo + pattern.size)
         known = multiplier[lo: hi + pattern.size]
@@ -281,6 +288,7 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
     latest = latest_starts(inst, upper_bound_tel)
     window = np.maximum(a, np.minimum(latest, int(a.max()) + area_rounds(inst) + int(o.max())))
     families = disjoint_tails(inst) if tail_cuts else []
+    patterns = bucket_patterns(inst, grid) if grid > 1 else None
     cut_rounds = [np.zeros(0, dtype=np.int64) for _ in families]  # per family, absolute rounds
     constant = tel_constant(inst)
     bound, status, message = None, "time_limit", "time limit before the first LP finished"
@@ -288,7 +296,8 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
         remaining = time_limit_s - (time.perf_counter() - started)
         if remaining <= 0:
             break
-        model = time_indexed(inst, window) if grid == 1 else bucketed(inst, window, grid)
+        model = (time_indexed(inst, window) if grid == 1
+                 else bucketed(inst, window, grid, patterns))
         tails = [tail_rows(inst, model, members, heads) for members, heads in families]
         cut_rows = [t[r - model.first_round] for t, r in zip(tails, cut_rounds, strict=True)]
         n_cuts = sum(r.size for r in cut_rounds)
@@ -313,7 +322,7 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
             best_start, best_cost = _pricing(inst, latest, multiplier, model.first_round,
                                              cut_duals)
         else:
-            best_start, best_cost = _pricing_grid(inst, latest, multiplier, grid)
+            best_start, best_cost = _pricing_grid(inst, latest, multiplier, grid, patterns)
         lagrangian = (best_cost.sum() - inst.kv_capacity * multiplier.sum()
                       - duals[model.n_rounds:].sum() + constant)
         bound = max(bound or -math.inf, float(math.ceil(lagrangian - 1e-6 * max(1.0, lagrangian))))
