@@ -16,6 +16,15 @@ from tests.test_cli import last_json, run_cli
 TRACE = "prompt,output\n3,4\n5,2\n2,6\n"
 
 
+def finished_run(tmp_path):
+    """``(trace, out)``: the three-request trace written and run once into ``out``."""
+    trace, out = tmp_path / "trace.csv", tmp_path / "run"
+    trace.write_text(TRACE)
+    first = csv_run(trace, out)
+    assert first.returncode == 0, first.stderr
+    return trace, out
+
+
 def csv_run(trace, out, *extra):
     return run_cli("workload=csv", f"workload.path={trace}", "workload.prompt_column=prompt",
                    "workload.output_column=output", "arrivals=all_at_once", "timing=unit",
@@ -37,9 +46,7 @@ def test_a_changed_input_file_is_recomputed_not_reused(tmp_path):
 
 
 def test_a_truncated_summary_is_recomputed(tmp_path):
-    trace, out = tmp_path / "trace.csv", tmp_path / "run"
-    trace.write_text(TRACE)
-    assert csv_run(trace, out).returncode == 0
+    trace, out = finished_run(tmp_path)
     text = (out / "summary.json").read_text()
     (out / "summary.json").write_text(text[: len(text) // 2])
     again = csv_run(trace, out)
@@ -49,9 +56,7 @@ def test_a_truncated_summary_is_recomputed(tmp_path):
 
 
 def test_a_folder_holding_another_config_is_refused_unless_overwrite(tmp_path):
-    trace, out = tmp_path / "trace.csv", tmp_path / "run"
-    trace.write_text(TRACE)
-    assert csv_run(trace, out).returncode == 0
+    trace, out = finished_run(tmp_path)
     refused = csv_run(trace, out, "policy=mcsf")
     assert refused.returncode == 2
     assert refused.stderr.startswith("error:") and str(out) in refused.stderr
@@ -63,9 +68,7 @@ def test_a_folder_holding_another_config_is_refused_unless_overwrite(tmp_path):
 
 
 def test_a_reused_folder_keeps_no_table_of_an_older_run(tmp_path):
-    trace, out = tmp_path / "trace.csv", tmp_path / "run"
-    trace.write_text(TRACE)
-    assert csv_run(trace, out).returncode == 0
+    trace, out = finished_run(tmp_path)
     assert (out / "requests.parquet").is_file()
     again = csv_run(trace, out, "output.request_table=false", "output.overwrite=true")
     assert again.returncode == 0, again.stderr
@@ -74,9 +77,7 @@ def test_a_reused_folder_keeps_no_table_of_an_older_run(tmp_path):
 
 
 def test_a_missing_table_makes_the_run_recompute(tmp_path):
-    trace, out = tmp_path / "trace.csv", tmp_path / "run"
-    trace.write_text(TRACE)
-    assert csv_run(trace, out).returncode == 0
+    trace, out = finished_run(tmp_path)
     (out / "iterations.parquet").unlink()
     again = csv_run(trace, out)
     assert again.returncode == 0 and (out / "iterations.parquet").is_file()

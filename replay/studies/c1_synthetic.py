@@ -107,13 +107,13 @@ def summarize(table: pd.DataFrame, policies) -> dict:
     out = {}
     for distribution, group in table.groupby("distribution", sort=False):
         entry = {"trials": int(len(group)), "n": int(group["n"].iloc[0])}
-        if "lp_bound" in group:
+        if "sorted_lp" in policies:  # the bound is Sorted-LP's own LP
             entry["lp_bound"] = _mean_se(group["lp_bound"])
             entry["lp_grid"] = sorted(int(g) for g in group["lp_grid"].unique())
         for name in policies:
             tel = _mean_se(group[f"tel_{name}"])
             tel["paper"] = PAPER_TABLE_4.get(distribution, {}).get(name)
-            if "lp_bound" in group:
+            if "lp_bound" in entry:
                 tel["over_lp_bound"] = float(group[f"tel_{name}"].mean() / group["lp_bound"].mean())
             tel["wall_s_mean"] = float(group[f"time_{name}"].mean())
             entry[name] = tel
@@ -149,32 +149,31 @@ def table_markdown(summary: dict, policies) -> str:
     return "\n".join(lines)
 
 
-def plot(table: pd.DataFrame, policies, out_dir: Path) -> None:
+def plot(summary: dict, policies, out_dir: Path) -> None:
+    """Mean TEL ± standard error per policy (from :func:`summarize`), one panel per
+    distribution, the mean LP bound dashed."""
     import matplotlib.pyplot as plt
 
     from replay.plots import save_figure
 
-    distributions = list(dict.fromkeys(table["distribution"]))
     numbers = []
-    fig, axes = plt.subplots(1, len(distributions), figsize=(3.2 * len(distributions), 3.6),
-                             squeeze=False)
-    for ax, distribution in zip(axes[0], distributions, strict=True):
-        group = table[table["distribution"] == distribution]
-        means = [group[f"tel_{p}"].mean() for p in policies]
-        errors = [group[f"tel_{p}"].std(ddof=1) / np.sqrt(len(group)) if len(group) > 1 else 0
-                  for p in policies]
+    fig, axes = plt.subplots(1, len(summary), figsize=(3.2 * len(summary), 3.6), squeeze=False)
+    for ax, (distribution, entry) in zip(axes[0], summary.items(), strict=True):
+        means = [entry[p]["mean"] for p in policies]
+        errors = [entry[p]["se"] or 0.0 for p in policies]
         numbers += [{"distribution": distribution, "policy": p, "mean_tel": m, "se": e}
                     for p, m, e in zip(policies, means, errors, strict=True)]
         ax.bar(range(len(policies)), means, yerr=errors, capsize=3, color="tab:blue")
-        if "lp_bound" in group:
-            ax.axhline(group["lp_bound"].mean(), color="k", ls="--", lw=1, label="LP bound")
+        bound = entry.get("lp_bound", {}).get("mean")
+        if bound is not None:
+            ax.axhline(bound, color="k", ls="--", lw=1, label="LP bound")
         ax.set_xticks(range(len(policies)), policies, rotation=60, ha="right", fontsize=7)
-        low = min(means + [group["lp_bound"].mean()] if "lp_bound" in group else means)
-        ax.set_ylim(0.9 * low, 1.05 * max(means))
-        ax.set_title(f"{distribution} (n = {int(group['n'].iloc[0])}, {len(group)} trials)",
-                     fontsize=8)
+        ax.set_ylim(0.9 * min(means + ([bound] if bound is not None else [])),
+                    1.05 * max(means))
+        ax.set_title(f"{distribution} (n = {entry['n']}, {entry['trials']} trials)", fontsize=8)
     axes[0][0].set_ylabel("mean TEL (rounds) ± s.e.")
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     save_figure(fig, out_dir / "c1_tel.png", pd.DataFrame(numbers))
 
 
@@ -212,7 +211,7 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 100,
     per_distribution = summarize(table, params["policies"])
     markdown = table_markdown(per_distribution, params["policies"])
     atomic_write_text(out_dir / "table.md", markdown + "\n")
-    plot(table, params["policies"], out_dir)
+    plot(per_distribution, params["policies"], out_dir)
     summary = {"status": "completed", "per_distribution": per_distribution,
                "wall_time_s": time.perf_counter() - started, "resumed_trials": len(finished),
                "setup": "unit time, all at round 0, M = 100, lengths from workload=synthetic",
