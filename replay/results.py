@@ -107,7 +107,8 @@ def query(sql: str, table: Path) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay.results",
+                                     description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     gather = commands.add_parser("collect", help="gather run summaries into one Parquet file")
     gather.add_argument("folders", nargs="+", type=Path)
