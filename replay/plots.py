@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from replay.errors import InputError  # noqa: E402
+from replay.results import nested, runs_under  # noqa: E402
 
 
 def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:
@@ -207,9 +208,9 @@ def plot_kv_of_sweep(sweep_dir: Path, out_dir: Path, policy: str = "MC-SF") -> l
 
 def plot_metric_bars(sweep_dir: Path, out_dir: Path, metric: str = "tel") -> list[Path]:
     """One bar per run of a sweep (labelled by its overrides) showing ``metric``."""
-    rows = [{"run": p.parent.name, metric: json.loads(p.read_text())[metric]}
-            for p in sorted(sweep_dir.glob("*/summary.json"))]
-    table = pd.DataFrame(rows)
+    runs = runs_under(sweep_dir)
+    table = pd.DataFrame({"run": runs["run_dir"].map(lambda d: Path(d).name),
+                          metric: runs[metric]})
     fig, ax = plt.subplots(figsize=(12, 1 + 0.4 * len(table)))
     ax.barh(table["run"], table[metric])
     ax.tick_params(axis="y", labelsize=6)
@@ -219,31 +220,28 @@ def plot_metric_bars(sweep_dir: Path, out_dir: Path, metric: str = "tel") -> lis
     return [save_figure(fig, out_dir / f"{metric}.png", table)]
 
 
-def _select(config: dict, dotted: str):
-    for key in dotted.split("."):
-        config = config[key]
-    return config
+#: The headline numbers every sweep table carries.
+HEADLINE = ("status", "n_requests", "n_completed", "mean_latency", "p99_latency", "evictions")
 
 
 def sweep_table(sweep_dir: Path, params: dict[str, str],
                 results: dict[str, str] | None = None) -> pd.DataFrame:
-    """One row per run of a sweep: its summary's headline numbers, the ``params``
-    (column name -> dotted config key) read from its resolved config, and the
-    ``results`` (column name -> dotted summary key; missing -> None)."""
-    rows = []
-    for summary_path in sorted(sweep_dir.glob("*/summary.json")):
-        summary = json.loads(summary_path.read_text())
-        row = {name: _select(summary["config"], key) for name, key in params.items()}
-        for name, key in (results or {}).items():
-            try:
-                row[name] = _select(summary, key)
-            except (KeyError, TypeError):
-                row[name] = None
-        row.update({k: summary[k] for k in ("status", "n_requests", "n_completed",
-                                            "mean_latency", "p99_latency", "evictions")})
-        row["policy"] = policy_label(summary["config"]["policy"])
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """One row per run of a sweep, from its results table (:func:`replay.results.runs_under`):
+    the ``params`` (column name -> dotted config key), the ``results`` (column name ->
+    dotted summary key; missing -> None), the headline numbers and the policy's label."""
+    runs = runs_under(sweep_dir)
+    table = pd.DataFrame({name: runs[f"config.{key}"] for name, key in params.items()})
+    for name, key in (results or {}).items():
+        table[name] = runs.get(key)
+    for key in HEADLINE:
+        table[key] = runs[key]
+    table["policy"] = policy_labels(runs)
+    return table
+
+
+def policy_labels(runs: pd.DataFrame) -> list[str]:
+    """The legend label of every run of a results table."""
+    return [policy_label(nested(row, "config.policy")) for _, row in runs.iterrows()]
 
 
 #: The MC-SF journal paper's Table 1 (n = 1000, 50/s, 50 runs): mean and std of the

@@ -8,7 +8,6 @@ themselves. Points are means over seeds with +- one standard deviation.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -18,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from replay.plots import policy_label, save_figure  # noqa: E402
+from replay.plots import policy_labels, save_figure  # noqa: E402
+from replay.results import runs_under  # noqa: E402
 
 LABELS = {"Wait": "WAIT", "NestedWait": "Nested WAIT", "VLLMLike": "vLLM-like",
           "SarathiLike": "Sarathi-like"}
@@ -26,23 +26,22 @@ LABELS = {"Wait": "WAIT", "NestedWait": "Nested WAIT", "VLLMLike": "vLLM-like",
 
 def wait_table(sweep_dir: Path) -> pd.DataFrame:
     """One row per run under ``sweep_dir``: policy, seed, rates, B and the headline numbers."""
-    rows = []
-    for path in sorted(sweep_dir.rglob("summary.json")):
-        summary = json.loads(path.read_text())
-        config, fluid = summary["config"], summary.get("fluid") or {}
-        label = policy_label(config["policy"])
-        rows.append({
-            "policy": LABELS.get(label, label), "seed": config["seed"],
-            "batch_limit": config.get("batch_limit"),
-            "total_rate": fluid.get("total_rate", config["arrivals"].get("rate")),
-            "load": fluid.get("load"), "throughput_star": fluid.get("throughput_star"),
-            "status": summary["status"], "n_requests": summary["n_requests"],
-            "n_completed": summary["n_completed"],
-            "throughput": summary["throughput_tokens_per_s"],
-            "requests_per_unit_time": summary.get("throughput_requests_per_s"),
-            "mean_latency": summary["mean_latency"], "mean_ttft": summary["mean_ttft"],
-            "evictions": summary["evictions"], "run": str(path.parent)})
-    return pd.DataFrame(rows)
+    runs = runs_under(sweep_dir)
+
+    def column(key: str) -> pd.Series:
+        return runs.get(key, pd.Series(np.nan, index=runs.index))
+
+    rate = column("config.arrivals.rate")
+    return pd.DataFrame({
+        "policy": [LABELS.get(label, label) for label in policy_labels(runs)],
+        "seed": runs["config.seed"], "batch_limit": column("config.batch_limit"),
+        "total_rate": column("fluid.total_rate").fillna(rate),
+        "load": column("fluid.load"), "throughput_star": column("fluid.throughput_star"),
+        "status": runs["status"], "n_requests": runs["n_requests"],
+        "n_completed": runs["n_completed"], "throughput": runs["throughput_tokens_per_s"],
+        "requests_per_unit_time": column("throughput_requests_per_s"),
+        "mean_latency": runs["mean_latency"], "mean_ttft": runs["mean_ttft"],
+        "evictions": runs["evictions"], "run": runs["run_dir"]})
 
 
 def _mean_std(table: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 
 Each target runs its experiment config through ``python -m replay`` (a Hydra multirun
 where it sweeps), then draws its figures (PNG plus the CSV of the numbers behind
-them) into ``outputs/reproduce/<target>/``. A target whose outputs are newer than
+them) into ``outputs/reproduce/<target>/``, from the target's results table
+(``runs/results.parquet``, :mod:`replay.results`). A target whose outputs are newer than
 every config file is skipped (make-like); inside a target, finished runs are
 reused by the runs' own resume check, so an interrupted target continues where
 it stopped. ``--quick`` runs a scaled-down version (seconds) into
@@ -39,6 +40,7 @@ from replay.plots import (
 )
 from replay.plots_sorted import plot_c2, plot_d2
 from replay.plots_wait import plot_policy_bars, plot_wait_sweep
+from replay.results import TABLE_NAME, collect
 from replay.run import CONFIG_DIR
 
 
@@ -322,6 +324,8 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         if returncode != 0:
             raise TargetFailed(f"{name}: `python -m replay {' '.join(command)}` exited with "
                                f"status {returncode} (its last lines above say why)")
+    if target.multirun:  # a study keeps its own table (trials.csv) instead
+        collect([runs_dir], runs_dir / TABLE_NAME, quiet=True)
     outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
     stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
     for path in outputs:

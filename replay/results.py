@@ -9,6 +9,9 @@ config flattened (``config.policy._target_``, ``config.workload.n``, ...; lists 
 JSON text) and the code and package versions. Study summaries (many trials
 each, no ``config``) are not runs; their ``trials.csv`` are tables already.
 
+The reproduction targets keep such a table beside their runs (``runs/results.parquet``)
+and draw their figures from it (:func:`runs_under`).
+
 ``query`` runs DuckDB SQL over that file, exposed as the view ``runs``, e.g.::
 
     python -m replay.results query "SELECT \\"config.policy._target_\\" AS policy,
@@ -21,6 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from replay.cli import fail, run_or_exit
@@ -29,7 +33,9 @@ from replay.outputs import atomic_write
 
 DEFAULT_TABLE = Path("outputs/results.parquet")
 #: Nested summary records flattened into columns (the rest stay out of the table).
-FLATTENED = ("policy_info", "prediction", "timing", "packages")
+FLATTENED = ("policy_info", "prediction", "timing", "packages", "kv", "fluid", "dropped_rows")
+#: The name of a results table kept beside the runs it holds.
+TABLE_NAME = "results.parquet"
 
 
 def _flatten(record: dict, prefix: str) -> dict:
@@ -65,8 +71,9 @@ def run_row(summary_path: Path) -> dict | None:
     return row
 
 
-def collect(folders: list[Path], out: Path) -> pd.DataFrame:
-    """Every run under ``folders`` into one Parquet file at ``out``; returns the table."""
+def table_of(folders: list[Path]) -> tuple[pd.DataFrame, int]:
+    """Every run under ``folders`` as one table (rows in path order), and how many study
+    summaries were left out."""
     rows, skipped = [], 0
     for folder in folders:
         if not folder.is_dir():
@@ -86,10 +93,49 @@ def collect(folders: list[Path], out: Path) -> pd.DataFrame:
         kinds = set(table[column].dropna().map(type))
         if len(kinds) > 1 and kinds != {int, float}:
             table[column] = table[column].map(lambda v: None if v is None else str(v))
+    return table, skipped
+
+
+def collect(folders: list[Path], out: Path, quiet: bool = False) -> pd.DataFrame:
+    """Every run under ``folders`` into one Parquet file at ``out``; returns the table."""
+    table, skipped = table_of(folders)
     atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
-    print(f"{len(table)} runs, {len(table.columns)} columns -> {out}"
-          + (f" ({skipped} study summaries left out)" if skipped else ""))
+    if not quiet:
+        print(f"{len(table)} runs, {len(table.columns)} columns -> {out}"
+              + (f" ({skipped} study summaries left out)" if skipped else ""))
     return table
+
+
+def runs_under(folder: Path) -> pd.DataFrame:
+    """The rows of the runs under ``folder``, read from the results table kept in it or in
+    its parent (as the reproduction targets keep one), else gathered from the summaries.
+
+    A kept table is used only if no summary under ``folder`` is newer than it.
+    """
+    folder = folder.resolve()
+    for kept in (folder / TABLE_NAME, folder.parent / TABLE_NAME):
+        if kept.is_file() and all(p.stat().st_mtime <= kept.stat().st_mtime
+                                  for p in folder.rglob("summary.json")):
+            table = pd.read_parquet(kept)
+            inside = table["run_dir"].map(lambda d: Path(d).is_relative_to(folder))
+            return table[inside].dropna(axis=1, how="all").reset_index(drop=True)
+    return table_of([folder])[0]
+
+
+def nested(row: pd.Series, prefix: str) -> dict:
+    """The record flattened under ``prefix`` in a table row, nested again (missing values
+    left out): ``nested(row, "config.policy")`` is that run's policy config."""
+    record: dict = {}
+    start = f"{prefix}."
+    for column, value in row.items():
+        if column.startswith(start) and not (value is None or (isinstance(value, float)
+                                                                and np.isnan(value))):
+            *parents, leaf = column[len(start):].split(".")
+            place = record
+            for key in parents:
+                place = place.setdefault(key, {})
+            place[leaf] = value
+    return record
 
 
 def query(sql: str, table: Path) -> pd.DataFrame:

@@ -48,3 +48,25 @@ def test_bad_queries_and_missing_tables_are_input_errors(runs, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no run summaries"):
         collect([tmp_path / "empty"], tmp_path / "x.parquet")
+
+
+def test_figures_read_the_kept_table_and_ignore_it_once_a_run_is_newer(runs, tmp_path):
+    import os
+
+    from replay.plots import sweep_table
+
+    sweep = runs / "sweep"
+    gathered = sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"})
+    assert sorted(gathered["tel"]) == [45, 64, 64]
+    assert set(gathered["policy"]) == {"FCFS (MC-Benchmark)", "MC-SF", "Sorted-F (swap)"}
+    kept = collect([sweep], sweep / "results.parquet")
+    # Edit the kept table: the figures must show the table's numbers, not the summaries'.
+    kept["tel"] = kept["tel"] + 1000
+    kept.to_parquet(sweep / "results.parquet", index=False)
+    assert sorted(sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"})["tel"]) == [1045, 1064, 1064]
+    # A summary newer than the table makes it stale: the summaries are read instead.
+    summary = sweep / "fcfs" / "summary.json"
+    later = (sweep / "results.parquet").stat().st_mtime + 10
+    os.utime(summary, (later, later))
+    assert sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"}).equals(gathered)
+    (sweep / "results.parquet").unlink()
