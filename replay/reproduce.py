@@ -38,6 +38,7 @@ from replay.plots import (
     plot_sensitivity,
     plot_timescale_variants,
 )
+from replay.plots_d1 import plot_d1
 from replay.plots_sorted import plot_c2, plot_d2
 from replay.plots_wait import plot_policy_bars, plot_wait_sweep
 from replay.results import TABLE_NAME, collect
@@ -120,6 +121,27 @@ def wait_target(label: str, experiment: str, quick: tuple[str, ...], sweeps=B_SW
                   quick_sweeps={k: v for k, v in quick_sweeps.items() if k in sweeps})
 
 
+#: D1's panels: Poisson and trace arrivals per model, and the offline panel where the LP
+#: bound is computable (every policy there, the LP ones included).
+D1_MODELS = {"70b": ("model=llama2_70b", "hardware=a100x2"),
+             "7b": ("model=llama2_7b", "hardware=a100x1")}
+D1_TRACE = ("workload=splitwise_code,splitwise_conv", "arrivals=trace", "~arrivals.rate",
+            "workload.n=null", "workload.first_rows=500")
+D1_OFFLINE = ("arrivals=all_at_once", "~arrivals.rate", "timing=unit", "workload.n=200",
+              "workload=lmsys,arxiv,mixed,sharegpt,splitwise_code,splitwise_conv",
+              "paper_policy=fcfs,mcsf,protection_0.25,clearing_0.20_0.20,vllm,sarathi,"
+              "nested_lmsys,sorted_f_swap,sorted_f_quantile,sorted_lp,lp_swap")
+D1_SWEEPS = {**{f"online_{m}": hw for m, hw in D1_MODELS.items()},
+             **{f"trace_{m}": (*hw, *D1_TRACE) for m, hw in D1_MODELS.items()},
+             "offline": D1_OFFLINE}
+D1_QUICK_SWEEPS = {
+    "online_70b": (*D1_MODELS["70b"], "workload=lmsys,arxiv", "kv=explicit", "workload.n=30",
+                   *VIDUR_QUICK),
+    "trace_70b": (*D1_MODELS["70b"], *D1_TRACE, "workload=splitwise_conv", "kv=explicit",
+                  "workload.first_rows=30", *VIDUR_QUICK),
+    "offline": (*D1_OFFLINE, "workload=lmsys,arxiv", "kv=explicit", "workload.n=30",
+                "+lp_max_columns=5000")}
+
 A3_FIGURES = (plot_latency_vs_n_runs, plot_latency_vs_n, plot_kv_of_sweep)
 
 TARGETS: dict[str, Target] = {
@@ -158,6 +180,12 @@ TARGETS: dict[str, Target] = {
                  in_sweep("point", plot_d2, x="sigma",
                           label="log-normal noise sigma of the point estimate (0 = exact)")),
         needs_data=True),
+    "d1": Target(
+        "D1: every policy on every workload (LMSYS, arXiv, mixed, ShareGPT at Poisson rates; "
+        "Splitwise at its timestamps), Llama-2-70B TP2 and 7B TP1, explicit and GQA memory, "
+        "Vidur timing; plus the offline panel (unit time, all at time 0) with the LP gap",
+        ("experiment=d1_all",), sweeps=D1_SWEEPS,
+        quick_sweeps=D1_QUICK_SWEEPS, figures=(plot_d1,), needs_data=True),
     "a3_small": Target(
         "A3 (scaled down) + A5: separate runs of n = 40..400, the first-n curve of the largest "
         "runs, KV of MC-SF", ("experiment=a3_small",),
@@ -262,6 +290,7 @@ class Tally:
     ran: int = 0
     reused: int = 0
     failed: int = 0
+    up_to_date: bool = False  # the target's outputs were newer than its configs: nothing ran
 
 
 def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
@@ -304,6 +333,7 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         outputs = [Path(line) for line in stamp.read_text().split()]
         if all(p.is_file() for p in outputs):
             print(f"{name}: up to date ({stamp})")
+            tally.up_to_date = True
             return outputs
     runs_dir = out_dir / "runs"
     fill = {"{outputs}": str(outputs_root.resolve()), "{suffix}": "-quick" if quick else ""}
@@ -347,7 +377,7 @@ def main() -> None:
         tally, started = Tally(), time.perf_counter()
         try:
             outputs = run_target(name, args.quick, args.force, args.outputs.resolve(), tally)
-            state = "up to date" if tally.ran + tally.reused + tally.failed == 0 else "done"
+            state = "up to date" if tally.up_to_date else "done"
         except TargetFailed as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             failed.append(name)

@@ -150,3 +150,17 @@ def test_progress_counts_summaries_even_when_parallel_jobs_share_a_line(monkeypa
     tally = reproduce.Tally()
     assert reproduce._run_quietly(["-m"], "x", tally) == 0
     assert (tally.ran, tally.reused, tally.failed) == (2, 1, 1)
+
+
+def test_d1_puts_every_policy_in_every_setting_and_bounds_the_offline_panel(quick):
+    (png,), _ = quick("d1")
+    table = pd.read_csv(png.with_suffix(".csv"))
+    assert set(table["panel"]) == {"online_70b", "trace_70b", "offline"}
+    per_setting = table.groupby(["panel", "workload"])["policy"].nunique()
+    assert (per_setting[["online_70b", "trace_70b"]] == 9).all()
+    assert (per_setting["offline"] == 11).all()  # + Sorted-LP and LP-Swap
+    online = table[table["panel"] != "offline"]
+    assert online["lp_gap"].isna().all() and (online["timing"] == "vidur").all()
+    offline = table[(table["panel"] == "offline") & (table["status"] == "completed")]
+    assert (offline["lp_gap"] >= 0).all() and offline["lp_gap"].notna().all()
+    assert set(table["kv"]) == {"explicit"}

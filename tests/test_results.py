@@ -63,7 +63,8 @@ def test_figures_read_the_kept_table_and_ignore_it_once_a_run_is_newer(runs, tmp
     # Edit the kept table: the figures must show the table's numbers, not the summaries'.
     kept["tel"] = kept["tel"] + 1000
     kept.to_parquet(sweep / "results.parquet", index=False)
-    assert sorted(sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"})["tel"]) == [1045, 1064, 1064]
+    edited = sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"})
+    assert sorted(edited["tel"]) == [1045, 1064, 1064]
     # A summary newer than the table makes it stale: the summaries are read instead.
     summary = sweep / "fcfs" / "summary.json"
     later = (sweep / "results.parquet").stat().st_mtime + 10
