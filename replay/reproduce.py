@@ -10,12 +10,15 @@ it stopped. ``--quick`` runs a scaled-down version (seconds) into
 ``outputs/reproduce/<target>-quick/``; ``all`` runs every target. Each target shows
 one progress bar per sweep (runs finished, reused, failed; the runs' summaries stay
 in their folders), and the command ends with a table of what ran, was reused or
-failed per target.
+failed per target. ``report`` (alone or after targets) builds the HTML report of
+whatever targets have outputs (:mod:`replay.report`) into ``outputs/report/``
+(``report-quick`` with ``--quick``; ``--report DIR`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -41,6 +44,7 @@ from replay.plots import (
 from replay.plots_d1 import plot_d1
 from replay.plots_sorted import plot_c2, plot_d2
 from replay.plots_wait import plot_policy_bars, plot_wait_sweep
+from replay.report import build_report
 from replay.results import TABLE_NAME, collect
 from replay.run import CONFIG_DIR
 
@@ -126,7 +130,7 @@ def wait_target(label: str, experiment: str, quick: tuple[str, ...], sweeps=B_SW
 D1_MODELS = {"70b": ("model=llama2_70b", "hardware=a100x2"),
              "7b": ("model=llama2_7b", "hardware=a100x1")}
 D1_TRACE = ("workload=splitwise_code,splitwise_conv", "arrivals=trace", "~arrivals.rate",
-            "workload.n=null", "workload.first_rows=500")
+            "workload.n=null", "++workload.first_rows=500")
 D1_OFFLINE = ("arrivals=all_at_once", "~arrivals.rate", "timing=unit", "workload.n=200",
               "workload=lmsys,arxiv,mixed,sharegpt,splitwise_code,splitwise_conv",
               "paper_policy=fcfs,mcsf,protection_0.25,clearing_0.20_0.20,vllm,sarathi,"
@@ -138,7 +142,7 @@ D1_QUICK_SWEEPS = {
     "online_70b": (*D1_MODELS["70b"], "workload=lmsys,arxiv", "kv=explicit", "workload.n=30",
                    *VIDUR_QUICK),
     "trace_70b": (*D1_MODELS["70b"], *D1_TRACE, "workload=splitwise_conv", "kv=explicit",
-                  "workload.first_rows=30", *VIDUR_QUICK),
+                  "++workload.first_rows=30", *VIDUR_QUICK),
     "offline": (*D1_OFFLINE, "workload=lmsys,arxiv", "kv=explicit", "workload.n=30",
                 "+lp_max_columns=5000")}
 
@@ -326,6 +330,7 @@ def run_target(name: str, quick: bool = False, force: bool = False,
                outputs_root: Path = REPO / "outputs" / "reproduce",
                tally: Tally | None = None) -> list[Path]:
     target = TARGETS[name]
+    started = time.perf_counter()
     tally = Tally() if tally is None else tally
     out_dir = outputs_root / (f"{name}-quick" if quick else name)
     stamp = out_dir / "outputs.txt"
@@ -358,6 +363,9 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         collect([runs_dir], runs_dir / TABLE_NAME, quiet=True)
     outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
     stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
+    (out_dir / "elapsed.json").write_text(json.dumps({
+        "seconds": time.perf_counter() - started, "finished": time.strftime("%Y-%m-%d %H:%M"),
+        "ran": tally.ran, "reused": tally.reused, "failed": tally.failed}))
     for path in outputs:
         print(f"  wrote {path} (+ .csv)")
     return outputs
@@ -365,13 +373,17 @@ def run_target(name: str, quick: bool = False, force: bool = False,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="+", choices=[*TARGETS, "all"])
+    parser.add_argument("targets", nargs="+", choices=[*TARGETS, "all", "report"],
+                        help="targets to run; `all` runs every one, `report` builds the report")
     parser.add_argument("--quick", action="store_true", help="scaled-down version")
     parser.add_argument("--force", action="store_true", help="redraw even if up to date")
     parser.add_argument("--outputs", type=Path, default=REPO / "outputs" / "reproduce",
                         help="where target folders go")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="report folder (default: report[-quick] beside --outputs)")
     args = parser.parse_args()
-    names = list(TARGETS) if "all" in args.targets else args.targets
+    names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
+                                                          if t != "report"]
     failed, rows = [], []
     for name in names:
         tally, started = Tally(), time.perf_counter()
@@ -384,10 +396,16 @@ def main() -> None:
             outputs, state = [], "FAILED"
         rows.append((name, state, tally.ran, tally.reused, tally.failed, len(outputs),
                      time.perf_counter() - started))
-    print(f"\n{'target':<28}{'state':<12}{'ran':>6}{'reused':>8}{'failed':>8}{'figures':>9}"
-          f"{'time':>9}")
+    if rows:
+        print(f"\n{'target':<28}{'state':<12}{'ran':>6}{'reused':>8}{'failed':>8}{'figures':>9}"
+              f"{'time':>9}")
     for name, state, ran, reused, bad, figures, seconds in rows:
         print(f"{name:<28}{state:<12}{ran:>6}{reused:>8}{bad:>8}{figures:>9}{seconds:>8.0f}s")
+    if "report" in args.targets:
+        outputs_root = args.outputs.resolve()
+        report_dir = args.report or outputs_root.parent / ("report-quick" if args.quick
+                                                           else "report")
+        print(f"wrote {build_report(TARGETS, outputs_root, report_dir, args.quick)}")
     if failed:
         fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")
 
