@@ -1,0 +1,304 @@
+"""EXPERIMENTS.md D3: ``python -m replay.crosscheck [--n N] [--quick] [--out DIR]``.
+
+Runs Vidur's own event-driven simulator (the ``vidur`` package, offline: the data
+directory's profiles, no wandb, no downloads) and this harness on the same requests
+(lengths and Poisson arrival times drawn once, by the harness), model, tensor
+parallelism, predictor, KV capacity in blocks, block size, batch cap, watermark and
+chunk size: Vidur's ``vllm`` and ``sarathi`` replica schedulers against ``policy=vllm``
+and ``policy=sarathi``, on LMSYS and arXiv at a low and a high rate. Writes, under
+``--out`` (default ``outputs/crosscheck``):
+
+* ``requests.csv``: every request of every case in both simulators (latency, TTFT,
+  mean time between tokens, restarts);
+* ``comparison.csv``: per case and metric, mean/p50/p99 in each and their differences;
+* ``speed.csv``: each simulator's wall time of the simulation loop and requests per
+  wall-second, and their ratio (also printed);
+* ``distributions.png``: the per-request distributions side by side (CDFs).
+
+Both simulators price a batch with the same trained Vidur predictor (this harness
+through its exported tables, :mod:`replay.timing.vidur`). What still differs, by name
+(the README's D3 section gives the measured effect of each):
+
+* **Prefill KV accounting.** Vidur's schedulers pass ``num_processed_tokens + chunk``
+  as a prefill's KV size (``vidur/scheduler/replica_scheduler/vllm_replica_scheduler.py``,
+  ``next_num_kv_tokens = request.num_processed_tokens + next_num_q_tokens``), so a
+  prompt's attention is priced as if its own tokens were already cached; the harness
+  passes the cached tokens only (MODEL.md). Vidur's prefills cost more.
+* **Restart after preemption.** ``Request.restart`` in ``vidur/entities/request.py``
+  does not reset ``_num_stage_processed_tokens`` or ``_is_prefill_stage_complete``,
+  so the first restarted request trips the assertion in ``on_batch_stage_end``
+  (``assert self._num_stage_processed_tokens <= self.total_tokens``). Vidur cannot
+  finish a run with a preemption; :class:`RestartableRequest` resets both, which is
+  what its restart evidently means (the request re-prefills everything processed).
+* **Prompt KV reservation.** Vidur reserves ``ceil(prompt / block)`` blocks at
+  admission and the first output token's slot later; the harness reserves
+  ``prompt + 1`` tokens (at most one block more per admitted request). Vidur's
+  sarathi reserves the whole prompt when it admits the first chunk; the
+  Sarathi-like policy does so only with ``reserve_prompt=true`` (the crosscheck's
+  default; ``--no-reserve-prompt`` shows the effect of chunk-by-chunk reservation,
+  which admits more prompts and preempts under memory pressure).
+* **Batch cap.** Vidur counts every request holding blocks (``len(_allocation_map)``)
+  against ``batch_size_cap``; the harness counts running requests.
+
+The speed comparison times only the simulation loops (Vidur's ``Simulator.run``
+with its traces and metrics off; the harness's engine as ``wall_time_s``), on the
+same requests; building the predictor, loading traces and writing outputs are left
+out of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+
+from replay.cli import run_or_exit
+from replay.plots import plt, save_figure
+from replay.run import compose_config, run
+
+#: Cases: workload -> (low rate, high rate) in requests/s, around the capacity of
+#: Llama-2-70B TP2 with 1,030 blocks of 16 tokens (D1's trial runs).
+RATES = {"lmsys": (5.0, 20.0), "arxiv": (0.1, 0.3)}
+SCHEDULERS = ("vllm", "sarathi")
+METRICS = ("latency", "ttft", "tbt_mean")
+QUICK_GRID = ("timing.random_forest_grid={num_estimators:[8],max_depth:[8],"
+              "min_samples_split:[2]}", "timing.k_fold_cv_splits=2")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What both simulators share (the harness's names; Vidur's in the comments)."""
+
+    n: int = 1000
+    seed: int = 0
+    kv_blocks: int = 1030            # CacheConfig.num_blocks (16,480 tokens, the papers' M)
+    block_size: int = 16             # CacheConfig.block_size
+    max_num_seqs: int = 256          # batch_size_cap
+    max_num_batched_tokens: int = 4096   # VllmSchedulerConfig.max_tokens_in_batch
+    watermark: float = 0.01          # CacheConfig.watermark_blocks_fraction
+    chunk_size: int = 512            # SarathiSchedulerConfig.chunk_size
+    #: Sarathi-like reserves the whole prompt's blocks at admission, as Vidur's sarathi does
+    #: (the policy's default, false, reserves chunk by chunk: --no-reserve-prompt).
+    reserve_prompt: bool = True
+    quick: bool = False
+
+    def overrides(self, workload: str, rate: float, scheduler: str) -> list[str]:
+        policy = {"vllm": [f"policy.max_num_batched_tokens={self.max_num_batched_tokens}"],
+                  "sarathi": [f"policy.chunk_size={self.chunk_size}",
+                              f"policy.reserve_prompt={self.reserve_prompt}"]}[scheduler]
+        return ["model=llama2_70b", "hardware=a100x2", "timing=vidur", "kv=explicit",
+                f"kv.tokens={self.kv_blocks * self.block_size}",
+                f"workload={workload}", f"workload.n={self.n}", "arrivals=poisson",
+                f"arrivals.rate={rate}", f"policy={scheduler}", f"seed={self.seed}",
+                "output.overwrite=true",  # the crosscheck's folders are its own
+                f"policy.max_num_seqs={self.max_num_seqs}", f"policy.watermark={self.watermark}",
+                f"policy.block_size={self.block_size}", *policy,
+                *(QUICK_GRID if self.quick else ())]
+
+
+def run_harness(overrides: list[str], out_dir: Path) -> tuple[pd.DataFrame, float, object]:
+    """This harness on one case: its request table, engine wall seconds, and the config."""
+    cfg = compose_config(overrides)
+    summary = run(cfg, out_dir)
+    if summary["status"] != "completed":
+        raise RuntimeError(f"harness run {out_dir} ended {summary['status']}")
+    return pd.read_parquet(out_dir / "requests.parquet"), summary["wall_time_s"], cfg
+
+
+def _restartable_request_class():
+    from vidur.entities import Request
+
+    class RestartableRequest(Request):
+        """Vidur's request, with the stage counters its ``restart`` forgets reset."""
+
+        def restart(self) -> None:
+            super().restart()
+            self._num_stage_processed_tokens = 0
+            self._is_prefill_stage_complete = False
+
+    return RestartableRequest
+
+
+def run_vidur(requests: pd.DataFrame, setup: Setup, scheduler: str, predictor,
+              model_name: str, tensor_parallel: int) -> tuple[pd.DataFrame, float]:
+    """Vidur's simulator on the harness's requests (same arrivals and lengths) with the
+    already-trained ``predictor``; per-request metrics and the loop's wall seconds."""
+    import vidur.scheduler.global_scheduler.base_global_scheduler as global_scheduler
+    from vidur.config import (
+        CacheConfig,
+        ClusterConfig,
+        MetricsConfig,
+        ReplicaConfig,
+        SarathiSchedulerConfig,
+        SimulationConfig,
+        SyntheticRequestGeneratorConfig,
+        VllmSchedulerConfig,
+    )
+    from vidur.entities import Replica
+    from vidur.events import RequestArrivalEvent
+    from vidur.simulator import Simulator
+
+    class SharedPredictor:
+        """Hands Vidur's replicas the predictor trained once (and used by the harness)."""
+
+        @staticmethod
+        def get(*args, **kwargs):
+            return predictor
+
+    replica_scheduler = (
+        VllmSchedulerConfig(batch_size_cap=setup.max_num_seqs,
+                            max_tokens_in_batch=setup.max_num_batched_tokens)
+        if scheduler == "vllm" else
+        SarathiSchedulerConfig(batch_size_cap=setup.max_num_seqs, chunk_size=setup.chunk_size))
+    with tempfile.TemporaryDirectory() as scratch:
+        config = SimulationConfig(
+            log_level="warning",
+            cluster_config=ClusterConfig(
+                replica_config=ReplicaConfig(model_name=model_name, num_pipeline_stages=1,
+                                             tensor_parallel_size=tensor_parallel,
+                                             device="a100",
+                                             network_device="a100_pairwise_nvlink"),
+                cache_config=CacheConfig(block_size=setup.block_size,
+                                         num_blocks=setup.kv_blocks,
+                                         watermark_blocks_fraction=setup.watermark),
+                replica_scheduler_config=replica_scheduler),
+            request_generator_config=SyntheticRequestGeneratorConfig(num_requests=1),
+            metrics_config=MetricsConfig(write_metrics=False, write_json_trace=False,
+                                         enable_chrome_trace=False, store_plots=False,
+                                         wandb_project=None, output_dir=scratch))
+        registry = global_scheduler.ExecutionTimePredictorRegistry
+        global_scheduler.ExecutionTimePredictorRegistry = SharedPredictor
+        # Vidur numbers replicas with a class-level counter, while its global scheduler
+        # routes to ReplicaId(0): a second Simulator in one process needs the count reset.
+        Replica._id = -1
+        try:
+            simulator = Simulator(config)
+        finally:
+            global_scheduler.ExecutionTimePredictorRegistry = registry
+        request_class = _restartable_request_class()
+        ours = [request_class(float(a), int(s), int(o)) for a, s, o in
+                zip(requests["arrival"], requests["prompt_len"], requests["output_len"],
+                    strict=True)]
+        simulator._event_queue = []  # replace the generator's requests with the harness's
+        for request in ours:
+            simulator._add_event(RequestArrivalEvent(request.arrived_at, request))
+        started = time.perf_counter()
+        simulator.run()
+        wall = time.perf_counter() - started
+    completed = np.array([r.completed_at for r in ours])
+    first = np.array([r.prefill_completed_at for r in ours])
+    arrival = requests["arrival"].to_numpy()
+    gaps = np.maximum(requests["output_len"].to_numpy() - 1, 1)
+    return pd.DataFrame({
+        "request_id": requests["request_id"], "arrival": arrival,
+        "prompt_len": requests["prompt_len"], "output_len": requests["output_len"],
+        "latency": completed - arrival, "ttft": first - arrival,
+        "tbt_mean": np.where(requests["output_len"] > 1, (completed - first) / gaps, np.nan),
+        "restarts": [r._num_restarts for r in ours]}), wall
+
+
+def compare(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per case and metric: mean, p50, p99 in each simulator and the relative differences."""
+    rows = []
+    for (workload, rate, scheduler), case in frame.groupby(["workload", "rate", "scheduler"]):
+        for metric in METRICS:
+            row = {"workload": workload, "rate": rate, "scheduler": scheduler, "metric": metric}
+            for simulator, part in case.groupby("simulator"):
+                values = part[metric].dropna()
+                row.update({f"{simulator}_mean": values.mean(),
+                            f"{simulator}_p50": values.quantile(0.5),
+                            f"{simulator}_p99": values.quantile(0.99)})
+            for stat in ("mean", "p50", "p99"):
+                row[f"diff_{stat}"] = row[f"kvsched_{stat}"] / row[f"vidur_{stat}"] - 1
+            row["restarts_kvsched"] = case.loc[case["simulator"] == "kvsched", "restarts"].sum()
+            row["restarts_vidur"] = case.loc[case["simulator"] == "vidur", "restarts"].sum()
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot(frame: pd.DataFrame, out: Path) -> Path:
+    cases = list(frame.groupby(["workload", "rate", "scheduler"]).groups)
+    fig, axes = plt.subplots(len(cases), len(METRICS), figsize=(12, 2.4 * len(cases)),
+                             squeeze=False)
+    for row, (workload, rate, scheduler) in enumerate(cases):
+        case = frame[(frame["workload"] == workload) & (frame["rate"] == rate)
+                     & (frame["scheduler"] == scheduler)]
+        for col, metric in enumerate(METRICS):
+            ax = axes[row, col]
+            for simulator, part in case.groupby("simulator"):
+                values = np.sort(part[metric].dropna().to_numpy())
+                ax.plot(values, np.arange(1, values.size + 1) / values.size, label=simulator)
+            ax.set_xlabel(f"{metric} (s)")
+            ax.set_title(f"{workload} at {rate:g}/s, {scheduler}", fontsize=8)
+            if col == 0:
+                ax.set_ylabel("fraction of requests")
+                ax.legend(fontsize=7)
+    return save_figure(fig, out, frame)
+
+
+def crosscheck(setup: Setup, out_dir: Path,
+               cases: dict[str, tuple[float, ...]] = RATES) -> pd.DataFrame:
+    """Every case in both simulators; writes the tables and figure, returns the speeds."""
+    frames, speeds = [], []
+    for workload, rates in cases.items():
+        for rate in rates:
+            for scheduler in SCHEDULERS:
+                case_dir = out_dir / "runs" / f"{workload}_rate{rate:g}_{scheduler}"
+                ours, our_wall, cfg = run_harness(setup.overrides(workload, rate, scheduler),
+                                                  case_dir)
+                timing = instantiate(cfg.timing)
+                theirs, their_wall = run_vidur(ours, setup, scheduler, timing.vidur_predictor(),
+                                               timing.spec.model_name, timing.spec.tensor_parallel)
+                ours = ours.assign(restarts=ours["evictions"], tbt_mean=ours["tbt_mean"])
+                for name, part in (("kvsched", ours), ("vidur", theirs)):
+                    frames.append(part[["request_id", "arrival", "prompt_len", "output_len",
+                                        *METRICS, "restarts"]].assign(
+                        simulator=name, workload=workload, rate=rate, scheduler=scheduler))
+                speeds.append({"workload": workload, "rate": rate, "scheduler": scheduler,
+                               "requests": len(ours), "kvsched_wall_s": our_wall,
+                               "vidur_wall_s": their_wall})
+                print(f"{workload} at {rate:g}/s, {scheduler}: kvsched {our_wall:.2f} s, "
+                      f"Vidur {their_wall:.2f} s", flush=True)
+    frame = pd.concat(frames, ignore_index=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out_dir / "requests.csv", index=False)
+    compare(frame).to_csv(out_dir / "comparison.csv", index=False)
+    plot(frame, out_dir / "distributions.png")
+    speed = pd.DataFrame(speeds)
+    speed["kvsched_requests_per_s"] = speed["requests"] / speed["kvsched_wall_s"]
+    speed["vidur_requests_per_s"] = speed["requests"] / speed["vidur_wall_s"]
+    speed["speedup"] = speed["vidur_wall_s"] / speed["kvsched_wall_s"]
+    speed.to_csv(out_dir / "speed.csv", index=False)
+    (out_dir / "setup.json").write_text(json.dumps(setup.__dict__, indent=1))
+    return speed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m replay.crosscheck",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000, help="requests per case")
+    parser.add_argument("--quick", action="store_true",
+                        help="60 requests per case and a small predictor grid (seconds)")
+    parser.add_argument("--out", type=Path, default=Path("outputs/crosscheck"))
+    parser.add_argument("--no-reserve-prompt", dest="reserve_prompt", action="store_false",
+                        help="Sarathi-like reserves prompt KV chunk by chunk (its default)")
+    args = parser.parse_args()
+    setup = Setup(n=60 if args.quick else args.n, quick=args.quick,
+                  reserve_prompt=args.reserve_prompt)
+    speed = run_or_exit(crosscheck, setup, args.out)
+    total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
+    ours, theirs = (total["requests"] / total[f"{name}_wall_s"] for name in ("kvsched", "vidur"))
+    print(f"simulated requests per wall-second: kvsched {ours:,.0f}, Vidur {theirs:,.0f}; "
+          f"ratio {ours / theirs:.1f} (the same {int(total['requests'])} requests; "
+          f"{args.out / 'speed.csv'})")
+
+
+if __name__ == "__main__":
+    main()
