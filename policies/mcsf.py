@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
+from dataclasses import dataclass, field
 
 from replay.lookahead import admissible_prefix
+from replay.ordering import KeptOrder
 from replay.policy import Batch, OverflowRule, PolicyView
 
 
@@ -16,15 +15,16 @@ class MCSF:
     output length (ties: earlier arrival, then id; engine ids already encode that
     order). Stops at the first request that fails the lookahead check.
 
-    Cost per decision: one sort of the waiting queue plus ``O(log k)``
-    vectorised checks, independent of the trace length.
+    Cost per decision: ``O(waiting)`` vectorised work to keep the order across steps
+    (:class:`replay.ordering.KeptOrder`; no sort of the whole queue) plus
+    ``O(log k)`` vectorised checks, independent of the trace length.
     """
 
     overflow: OverflowRule
+    kept: KeptOrder = field(default_factory=KeptOrder, init=False, repr=False)
 
     def decide(self, view: PolicyView) -> Batch:
-        waiting = view.waiting
-        if waiting.size == 0:
+        if view.waiting.size == 0:
             return Batch()
-        order = waiting[np.lexsort((waiting, view.predicted_output[waiting]))]
+        order = self.kept.ordered(view.waiting, view.predicted_output)
         return Batch(start=order[: admissible_prefix(view, order)])

@@ -76,12 +76,16 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
         return 0
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est, running)
+    budget = view.kv_capacity
+    first = int(run_base.sum()) + run_base.size
+    # A candidate holds at least two slots after its first iteration (a prompt token and
+    # the token it emits), so at most (budget - first) // 2 can start: only that many of a
+    # long queue need looking at.
+    candidates = candidates[: max(0, (budget - first) // 2) + 1]
     # A waiting request that kept tokens (recompute preemption) re-prefills them.
     cand_base = view.prefill_len[candidates]
     cand_rem = remaining_iterations(view, candidates, est)
-    budget = view.kv_capacity
     # Necessary condition at the first checkpoint bounds the prefix length.
-    first = int(run_base.sum()) + run_base.size
     upper = int(np.searchsorted(np.cumsum(cand_base + 1), budget - first, side="right"))
     if upper == 0:
         return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
@@ -209,3 +211,22 @@ def test_block_size_counts_whole_blocks():
     assert blocked.status == "completed"
     assert not blocked.iterations["failed"].any()
     assert blocked.requests["start"].tolist() == [0, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)),
+                min_size=1, max_size=40), st.integers(0, 10_000))
+def test_kept_order_equals_sorting_the_waiting_queue_every_step(steps, seed):
+    """KeptOrder under arbitrary joins and departures gives lexsort's order each step."""
+    from replay.ordering import KeptOrder
+
+    rng = np.random.default_rng(seed)
+    n = 40
+    key = rng.integers(1, 8, n)  # many ties, broken by id
+    kept, waiting = KeptOrder(), np.zeros(0, dtype=np.int64)
+    for joins, leaves in steps:
+        outside = np.setdiff1d(np.arange(n), waiting)
+        waiting = np.concatenate((rng.permutation(waiting)[min(leaves, waiting.size):],
+                                  rng.choice(outside, min(joins, outside.size), replace=False)))
+        expected = waiting[np.lexsort((waiting, key[waiting]))]
+        assert np.array_equal(kept.ordered(waiting, key), expected)
