@@ -67,8 +67,9 @@ def code_version() -> str:
 
 
 def _table(frame: pd.DataFrame) -> str:
-    return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}",
-                         na_rep="", border=0)
+    table = frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}",
+                          na_rep="", border=0)
+    return f"<div style='overflow-x:auto'>{table}</div>"
 
 
 def _claims_html(name: str, out_dir: Path) -> str:
@@ -131,6 +132,7 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
                         f"<figcaption>{png.name}{link}</figcaption></figure>")
         if name == "d1":
             body.append(_d1_html(figures_dir / name / "d1_latency.csv"))
+    body.append(_crosscheck_html(outputs_root.parent / "crosscheck", figures_dir))
     files = _input_files(ran_dirs)
     scale = ("scaled-down targets (--quick): the verdicts below test the pipeline, not the "
              "papers" if quick else "full-size targets")
@@ -141,7 +143,7 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
             f"{total_seconds / 60:.1f} min in all (their own timings below). Every number "
             f"names its setup in the target's description and run summaries; results tables "
             f"are kept beside the runs (<code>runs/{TABLE_NAME}</code>).</p>"
-            f"<p>Targets: {' '.join(f'<a href=#{n}>{n}</a>' for n in targets)}</p>"
+            f"<p>Targets: {' '.join(f'<a href=#{n}>{n}</a>' for n in [*targets, 'd3'])}</p>"
             + "".join(body)
             + "<h2>Data sources and caveats</h2><ul>"
             + "".join(f"<li>{html.escape(c)}</li>" for c in CAVEATS) + "</ul>"
@@ -164,3 +166,30 @@ def _d1_html(csv: Path) -> str:
              "throughput_tokens_per_s", "evictions", "decision_time_s", "lp_gap"]
     return ("<p>The D1 table (seconds; throughput in tokens/s; <code>lp_gap</code> only in the "
             "offline unit-time panel):</p>" + _table(table[shown]))
+
+
+def _crosscheck_html(crosscheck_dir: Path, figures_dir: Path) -> str:
+    """D3, from ``python -m replay.crosscheck`` (its ``--out`` beside the targets' folder)."""
+    head = ("<h2 id='d3'>d3</h2><p>D3: this harness against Vidur's own simulator on the same "
+            "requests (<code>python -m replay.crosscheck</code>; the README's D3 section names "
+            "the causes of what differs).</p>")
+    if not (crosscheck_dir / "comparison.csv").is_file():
+        return head + ("<p class='muted'>Not run yet: <code>python -m replay.crosscheck --out "
+                       f"{html.escape(str(crosscheck_dir))}</code></p>")
+    (figures_dir / "d3").mkdir(parents=True, exist_ok=True)
+    for name in ("distributions.png", "comparison.csv", "speed.csv"):
+        shutil.copy2(crosscheck_dir / name, figures_dir / "d3" / name)
+    comparison = pd.read_csv(crosscheck_dir / "comparison.csv")
+    speed = pd.read_csv(crosscheck_dir / "speed.csv")
+    total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
+    return (head + f"<p>Simulated requests per wall-second over {int(total['requests'])} "
+            f"requests: kvsched {total['requests'] / total['kvsched_wall_s']:,.0f}, Vidur "
+            f"{total['requests'] / total['vidur_wall_s']:,.0f} (ratio "
+            f"{total['vidur_wall_s'] / total['kvsched_wall_s']:.1f}).</p>"
+            + _table(comparison[["workload", "rate", "scheduler", "metric", "kvsched_mean",
+                                 "vidur_mean", "diff_mean", "diff_p50", "diff_p99",
+                                 "restarts_kvsched", "restarts_vidur"]])
+            + _table(speed)
+            + "<figure><img src='figures/d3/distributions.png' alt='d3: distributions'>"
+              "<figcaption>distributions.png (<a href='figures/d3/comparison.csv'>numbers</a>)"
+              "</figcaption></figure>")
