@@ -93,3 +93,14 @@ def test_bad_input_is_one_error_line_without_traceback(tmp_path):
         rejected = run_cli("policy=protection", option, f"hydra.run.dir={tmp_path / 'c'}")
         assert rejected.returncode == 2, option
         assert message in rejected.stderr
+
+
+def test_long_job_folder_names_are_cut_to_a_file_name_with_a_hash_of_the_whole():
+    from replay.cli import MAX_DIRNAME_BYTES, job_dirname
+
+    overrides = ",".join(f"option_{k}=value_{k}" for k in range(40))
+    name = job_dirname(overrides)
+    assert len(name.encode()) <= MAX_DIRNAME_BYTES
+    assert name.startswith("option_0=value_0,") and name == job_dirname(overrides)
+    assert job_dirname(overrides + "x") != name  # differs past the cut: still unique
+    assert job_dirname("policy=mcsf,seed=1") == "policy=mcsf,seed=1"  # short names stay
