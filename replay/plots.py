@@ -110,7 +110,8 @@ def policy_label(policy_cfg: dict) -> str:
         return {"a_min": "Sorted-F + A_min", "a_max": "Sorted-F + A_max",
                 "optimistic": "Sorted-F, optimistic"}[policy_cfg["variant"]]
     return {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)", "SortedLP": "Sorted-LP",
-            "LPSwap": "LP-Swap"}.get(name, name)
+            "LPSwap": "LP-Swap", "Wait": "WAIT", "NestedWait": "Nested WAIT",
+            "VLLMLike": "vLLM-like", "SarathiLike": "Sarathi-like"}.get(name, name)
 
 
 def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[Path]:

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from replay.plots import plt, policy_labels, save_figure
-from replay.plots_wait import LABELS
 from replay.results import runs_under
 
 #: Table columns: name -> column of the results table.
@@ -39,7 +38,7 @@ def d1_table(runs_dir: Path) -> pd.DataFrame:
         "model": runs["config.model.name"], "kv": runs["kv.mode"],
         "kv_tokens": runs["kv_capacity"], "workload": runs["config.workload.name"],
         "timing": runs["timing.backend"],
-        "policy": [LABELS.get(label, label) for label in policy_labels(runs)],
+        "policy": policy_labels(runs),
         "status": runs["status"], "n_requests": runs["n_requests"],
         "n_completed": runs["n_completed"], "tel": runs["tel"],
         **{name: runs[column] for name, column in METRICS.items()}})

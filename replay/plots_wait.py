@@ -20,9 +20,6 @@ import pandas as pd  # noqa: E402
 from replay.plots import policy_labels, save_figure  # noqa: E402
 from replay.results import runs_under  # noqa: E402
 
-LABELS = {"Wait": "WAIT", "NestedWait": "Nested WAIT", "VLLMLike": "vLLM-like",
-          "SarathiLike": "Sarathi-like"}
-
 
 def wait_table(sweep_dir: Path) -> pd.DataFrame:
     """One row per run under ``sweep_dir``: policy, seed, rates, B and the headline numbers."""
@@ -33,7 +30,7 @@ def wait_table(sweep_dir: Path) -> pd.DataFrame:
 
     rate = column("config.arrivals.rate")
     return pd.DataFrame({
-        "policy": [LABELS.get(label, label) for label in policy_labels(runs)],
+        "policy": policy_labels(runs),
         "seed": runs["config.seed"], "batch_limit": column("config.batch_limit"),
         "total_rate": column("fluid.total_rate").fillna(rate),
         "load": column("fluid.load"), "throughput_star": column("fluid.throughput_star"),
