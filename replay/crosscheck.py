@@ -63,6 +63,7 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from replay.cli import run_or_exit
+from replay.errors import InputError
 from replay.plots import plt, save_figure
 from replay.run import compose_config, run
 
@@ -113,7 +114,8 @@ def run_harness(overrides: list[str], out_dir: Path) -> tuple[pd.DataFrame, floa
     cfg = compose_config(overrides)
     summary = run(cfg, out_dir)
     if summary["status"] != "completed":
-        raise RuntimeError(f"harness run {out_dir} ended {summary['status']}")
+        raise InputError(f"{out_dir}: the harness run ended '{summary['status']}' "
+                         f"({summary['message']}); the crosscheck compares complete runs only")
     return pd.read_parquet(out_dir / "requests.parquet"), summary["wall_time_s"], cfg
 
 
@@ -261,7 +263,7 @@ def crosscheck(setup: Setup, out_dir: Path,
                 timing = instantiate(cfg.timing)
                 theirs, their_wall = run_vidur(ours, setup, scheduler, timing.vidur_predictor(),
                                                timing.spec.model_name, timing.spec.tensor_parallel)
-                ours = ours.assign(restarts=ours["evictions"], tbt_mean=ours["tbt_mean"])
+                ours = ours.assign(restarts=ours["evictions"])
                 for name, part in (("kvsched", ours), ("vidur", theirs)):
                     frames.append(part[["request_id", "arrival", "prompt_len", "output_len",
                                         *METRICS, "restarts"]].assign(
@@ -285,10 +287,17 @@ def crosscheck(setup: Setup, out_dir: Path,
     return speed
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m replay.crosscheck",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1000, help="requests per case")
+    parser.add_argument("--n", type=positive_int, default=1000, help="requests per case")
     parser.add_argument("--quick", action="store_true",
                         help="60 requests per case and a small predictor grid (seconds)")
     parser.add_argument("--out", type=Path, default=Path("outputs/crosscheck"))

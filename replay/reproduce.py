@@ -372,7 +372,8 @@ def run_target(name: str, quick: bool = False, force: bool = False,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay.reproduce",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="+", choices=[*TARGETS, "all", "report"],
                         help="targets to run; `all` runs every one, `report` builds the report")
     parser.add_argument("--quick", action="store_true", help="scaled-down version")
@@ -403,6 +404,9 @@ def main() -> None:
         print(f"{name:<28}{state:<12}{ran:>6}{reused:>8}{bad:>8}{figures:>9}{seconds:>8.0f}s")
     if "report" in args.targets:
         outputs_root = args.outputs.resolve()
+        if not outputs_root.is_dir():
+            fail(f"{outputs_root}: no reproduction outputs to report on; run targets first "
+                 f"(python -m replay.reproduce TARGET...{' --quick' if args.quick else ''})")
         report_dir = args.report or outputs_root.parent / ("report-quick" if args.quick
                                                            else "report")
         print(f"wrote {build_report(TARGETS, outputs_root, report_dir, args.quick)}")

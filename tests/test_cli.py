@@ -104,3 +104,15 @@ def test_long_job_folder_names_are_cut_to_a_file_name_with_a_hash_of_the_whole()
     assert name.startswith("option_0=value_0,") and name == job_dirname(overrides)
     assert job_dirname(overrides + "x") != name  # differs past the cut: still unique
     assert job_dirname("policy=mcsf,seed=1") == "policy=mcsf,seed=1"  # short names stay
+
+
+def test_new_commands_answer_bad_input_with_one_error_line(tmp_path):
+    for module, args, message in (
+            ("replay.reproduce", ["report", "--outputs", str(tmp_path / "none")],
+             "no reproduction outputs to report on"),
+            ("replay.crosscheck", ["--n", "0", "--out", str(tmp_path / "x")], "at least 1")):
+        done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
+                              capture_output=True)
+        assert done.returncode == 2, module
+        assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "report").exists()  # nothing written for a missing outputs folder
