@@ -24,7 +24,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from replay.cli import fail, run_or_exit
@@ -128,8 +127,7 @@ def nested(row: pd.Series, prefix: str) -> dict:
     record: dict = {}
     start = f"{prefix}."
     for column, value in row.items():
-        if column.startswith(start) and not (value is None or (isinstance(value, float)
-                                                                and np.isnan(value))):
+        if column.startswith(start) and not pd.isna(value):
             *parents, leaf = column[len(start):].split(".")
             place = record
             for key in parents:
