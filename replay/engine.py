@@ -47,9 +47,17 @@ from replay.policy import Batch, Policy, PolicyView
 from replay.requests import Requests
 from replay.timing.base import BatchShape, TimingBackend
 from replay.validate import check_value
+from replay.waiting import WaitingQueue
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
 _EMPTY = np.zeros(0, dtype=np.int64)
+#: The per-iteration table (one row per step, failed attempts included).
+ITERATION_DTYPES = {
+    "start_time": np.float64, "duration": np.float64, "batch_size": np.int64,
+    "n_started": np.int64, "prefill_tokens": np.int64, "decode_requests": np.int64,
+    "kv_peak": np.int64, "kv_after": np.int64, "n_completed": np.int64, "n_evicted": np.int64,
+    "failed": bool}
+ITERATION_COLUMNS = list(ITERATION_DTYPES)
 
 
 class DecisionError(RuntimeError):
@@ -64,7 +72,9 @@ class RunResult:
     ``livelock_window`` steps while work remained), ``"stalled"`` (the policy
     scheduled nothing although work remained and no arrival was left) or
     ``"step_limit"``. Tables hold the metrics up to the end of the run.
-    ``decision_time_s`` is the wall time spent inside the policy's ``decide``.
+    ``decision_time_s`` is the wall time spent inside the policy's ``decide``,
+    ``timing_time_s`` inside the timing backend and ``loop_time_s`` in the whole
+    step loop (so the engine's own share is the difference).
     ``token_gaps`` is the distribution of every time-between-tokens gap the
     engine executed (see :class:`replay.histogram.LogHistogram`).
     """
@@ -81,12 +91,20 @@ class RunResult:
     token_gaps: LogHistogram
     policy_info: dict | None = None  # what the policy derived (thresholds...), if it says
     fluid: dict | None = None  # the fluid benchmark of a typed workload (replay.run)
+    timing_time_s: float = 0.0
+    loop_time_s: float = 0.0
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
+
+
+def _sealed(a: np.ndarray) -> np.ndarray:
+    """``a`` itself, made read-only: for arrays the engine replaces and never writes to."""
+    a.flags.writeable = False
+    return a
 
 
 def default_livelock_window(requests: Requests) -> int:
@@ -211,61 +229,63 @@ class Engine:
         self.start_iteration[victims] = -1
         self.evictions[victims] += 1
         self.kv_held -= freed
-        self.running = self.running[self.status[self.running] == RUNNING]
+        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
         victims = victims[np.argsort(self.queue_key[victims], kind="stable")]
         if self.requeue == "back":
             keys = np.arange(self._next_queue_key, self._next_queue_key + victims.size)
             self.queue_key[victims] = keys
             self._next_queue_key += victims.size
-            self.waiting = np.concatenate((self.waiting, victims))
+            self.queue.append(victims)
         else:
-            merged = np.concatenate((self.waiting, victims))
-            self.waiting = merged[np.argsort(self.queue_key[merged], kind="stable")]
+            merged = np.concatenate((self.queue.ids, victims))
+            self.queue.replace(merged[np.argsort(self.queue_key[merged], kind="stable")])
         return int(victims.size)
 
     def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
                         ) -> np.ndarray:
+        """Prompt tokens each member processes (0 for a decode); the default is all that remain."""
+        if not batch.prefill_chunks:
+            return remaining_prompt
         chunk = remaining_prompt.copy()
-        if batch.prefill_chunks:
-            position = self._id_scratch  # zero between uses; 1-based positions while in use
-            position[members] = np.arange(1, members.size + 1)
-            rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64)
-            tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64)
-            known = (rids >= 0) & (rids < position.size)
-            k = np.where(known, position[np.where(known, rids, 0)], 0) - 1
-            position[members] = 0
-            bad = (k < 0) | (tokens < 1) | (tokens > remaining_prompt[np.maximum(k, 0)])
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise DecisionError(
-                    f"{type(self.policy).__name__}: prefill chunk {int(tokens[i])} for request "
-                    f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
-            chunk[k] = tokens
+        position = self._id_scratch  # zero between uses; 1-based positions while in use
+        position[members] = np.arange(1, members.size + 1)
+        rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64)
+        tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64)
+        known = (rids >= 0) & (rids < position.size)
+        k = np.where(known, position[np.where(known, rids, 0)], 0) - 1
+        position[members] = 0
+        bad = (k < 0) | (tokens < 1) | (tokens > remaining_prompt[np.maximum(k, 0)])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DecisionError(
+                f"{type(self.policy).__name__}: prefill chunk {int(tokens[i])} for request "
+                f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
+        chunk[k] = tokens
         return chunk
 
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
+        loop_started = time.perf_counter()
         n = self.status.size
-        arrival, prompt_len, output_len = self.arrival, self.prompt_len, self.output_len
+        arrival, output_len = self.arrival, self.output_len
         capacity, block = self.kv.tokens, self.kv.block_size
-        self.waiting, self.running, self.kv_held = _EMPTY, _EMPTY, 0
+        self.queue, self.running, self.kv_held = WaitingQueue(), _sealed(_EMPTY.copy()), 0
         view = PolicyView(
-            kv_capacity=capacity, arrival=_frozen(arrival), prompt_len=_frozen(prompt_len),
+            kv_capacity=capacity, arrival=_frozen(arrival), prompt_len=_frozen(self.prompt_len),
             predicted_output=_frozen(self.predicted_output),
             predicted_lo=_frozen(self.predicted_lo), predicted_hi=_frozen(self.predicted_hi),
             type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
             generated=_frozen(self.generated), held=_frozen(self.held),
             start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
             kv_block_size=block, prefill_len=_frozen(self.prefill_len))
-        rows: dict[str, list] = {k: [] for k in (
-            "start_time", "duration", "batch_size", "n_started", "prefill_tokens",
-            "decode_requests", "kv_peak", "kv_after", "n_completed", "n_evicted", "failed")}
+        rows: list[tuple] = []  # one per step, in ITERATION_COLUMNS order
         now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
-        decision_time = 0.0
+        decision_time = timing_time = 0.0
         status, message = "completed", ""
         bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
 
         while completed < n:
+            # -- arrivals
             if released < n and arrival[released] <= now:
                 upto = int(np.searchsorted(arrival, now, side="right"))
                 self.status[released:upto] = WAITING
@@ -274,10 +294,10 @@ class Engine:
                     self.queue_key[arrived] = np.arange(self._next_queue_key,
                                                         self._next_queue_key + arrived.size)
                     self._next_queue_key += arrived.size
-                self.waiting = np.concatenate((self.waiting, arrived))
+                self.queue.append(arrived)
                 released = upto
             next_arrival = arrival[released] if released < n else np.inf
-            if self.waiting.size == 0 and self.running.size == 0:
+            if self.queue.size == 0 and self.running.size == 0:
                 now = float(next_arrival)
                 continue
             if idle_steps > self.livelock_window:
@@ -289,8 +309,9 @@ class Engine:
                 status, message = "step_limit", f"stopped after max_steps={self.max_steps}"
                 break
 
+            # -- the policy's decision, validated and capped
             view.now, view.iteration, view.kv_held = now, iteration, self.kv_held
-            view.waiting, view.running = _frozen(self.waiting), _frozen(self.running)
+            view.waiting, view.running = self.queue.ids, self.running
             view.next_arrival = float(next_arrival)
             decide_started = time.perf_counter()
             batch = self.policy.decide(view)
@@ -299,7 +320,7 @@ class Engine:
             n_evicted = 0
             if batch.preempt is not None and len(batch.preempt):
                 n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
-            start = self._check_ids(batch.start, WAITING, "start")
+            start = self._check_ids(batch.start, WAITING, "start") if len(batch.start) else _EMPTY
             if self.max_running is not None and self.running.size + start.size > self.max_running:
                 # A cap on running requests for every policy (a serving engine's batch limit):
                 # the policy's admissions are cut to the first ones in its order.
@@ -318,19 +339,27 @@ class Engine:
                            f"{n - completed} requests unfinished and no arrivals left")
                 break
 
+            # -- the iteration's shape, price and KV peak
             held_before = self.held[members]
             remaining_prompt = self.prefill_len[members] - self.prefilled[members]
-            is_prefill = remaining_prompt > 0
             chunk = self._prefill_chunks(batch, members, remaining_prompt)
-            prefill_tokens = np.where(is_prefill, chunk, 0)
-            emits = ~is_prefill | (chunk == remaining_prompt)
-            gain = prefill_tokens + emits
-            shape = BatchShape(new_tokens=np.where(is_prefill, chunk, 1), context=held_before,
-                               is_prefill=is_prefill)
-            duration = float(self.timing.duration(shape))
-            gain_total = int(gain.sum())
-            prefill_total = int(prefill_tokens.sum())
-            n_decode = members.size - int(is_prefill.sum())
+            prefill_total = int(chunk.sum())
+            if prefill_total == 0:
+                # Decode only (most steps): every member emits one token and holds one more slot.
+                emits, gain, gain_total, n_decode = None, 1, members.size, members.size
+                is_prefill = np.zeros(members.size, dtype=bool)
+                new_tokens = np.ones(members.size, dtype=np.int64)
+            else:
+                is_prefill = remaining_prompt > 0
+                emits = chunk == remaining_prompt  # a decode, or the prompt's last chunk
+                gain = chunk + emits
+                gain_total = int(gain.sum())
+                n_decode = members.size - int(np.count_nonzero(is_prefill))
+                new_tokens = np.maximum(chunk, 1)
+            timing_started = time.perf_counter()
+            duration = float(self.timing.duration(BatchShape(
+                new_tokens=new_tokens, context=held_before, is_prefill=is_prefill)))
+            timing_time += time.perf_counter() - timing_started
             kv_peak = self.kv_held + gain_total
             if block > 1 or kv_peak > capacity:
                 holders = np.concatenate((self.running, start)) if start.size else self.running
@@ -341,6 +370,8 @@ class Engine:
                 if block > 1:
                     kv_peak = int(blocks(held_after, block).sum()) * block
             steps += 1
+
+            # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
             if kv_peak > capacity:
                 victims = np.asarray(
                     self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng,
@@ -350,66 +381,63 @@ class Engine:
                     raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
                                         f"a request that holds no KV in this batch")
                 n_evicted += self._evict(victims)
-                self._record(rows, now, duration, members.size, start.size, prefill_total,
-                             n_decode, kv_peak, 0, n_evicted, True)
+                rows.append((now, duration, members.size, start.size, prefill_total, n_decode,
+                             int(kv_peak), self.kv_held, 0, n_evicted, True))
                 now += duration
                 idle_steps += 1
                 continue
 
+            # -- execution: admissions, progress, token times, completions
             if start.size:
                 self.status[start] = RUNNING
                 self.start_iteration[start] = iteration
                 self.start_time[start] = now
-                self.running = np.concatenate((self.running, start))
-                self.waiting = self.waiting[self.status[self.waiting] == WAITING]
+                self.running = _sealed(np.concatenate((self.running, start)))
+                self.queue.drop_left(self.status, WAITING, start.size)
             end = now + duration
-            self.prefilled[members] += prefill_tokens
-            self.generated[members] += emits
-            self.held[members] += gain
+            if emits is None:
+                self.generated[members] += 1
+                self.held[members] += 1
+                emitters = members
+            else:
+                self.prefilled[members] += chunk
+                self.generated[members] += emits
+                self.held[members] += gain
+                emitters = members[emits]
             self.kv_held += gain_total
-            emitters = members[emits]
             tokens = self.generated[emitters]
-            self.first_token_time[emitters[tokens == 1]] = end
-            later = emitters[tokens > 1]
+            first = tokens == 1
+            self.first_token_time[emitters[first]] = end
+            later = emitters[~first]
             if later.size:
                 gaps = end - self.last_token_time[later]
                 self.token_gaps.add(gaps)
                 self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
             self.last_token_time[emitters] = end
-            finished = members[self.generated[members] == output_len[members]]
+            finished = emitters[tokens == output_len[emitters]]
             if finished.size:
                 self.completion_time[finished] = end
                 self.status[finished] = DONE
                 self.kv_held -= int(self.held[finished].sum())
                 self.held[finished] = 0
-                self.running = self.running[self.status[self.running] == RUNNING]
+                self.running = _sealed(self.running[self.status[self.running] == RUNNING])
                 completed += int(finished.size)
                 idle_steps = 0
                 bar.update(int(finished.size))
             else:
                 idle_steps += 1
-            self._record(rows, now, duration, members.size, start.size, prefill_total,
-                         n_decode, kv_peak, finished.size, n_evicted, False)
+            rows.append((now, duration, members.size, start.size, prefill_total, n_decode,
+                         int(kv_peak), self.kv_held, finished.size, n_evicted, False))
             now = end
             iteration += 1
+        loop_time = time.perf_counter() - loop_started
         bar.close()
-        return RunResult(status, message, self._request_table(), pd.DataFrame(rows), self.kv,
-                         self.livelock_window, decision_time, self.preemption, self.requeue,
-                         self.token_gaps)
-
-    def _record(self, rows, now, duration, batch_size, n_started, prefill_tokens, n_decode,
-                kv_peak, n_completed, n_evicted, failed) -> None:
-        rows["start_time"].append(now)
-        rows["duration"].append(duration)
-        rows["batch_size"].append(int(batch_size))
-        rows["n_started"].append(int(n_started))
-        rows["prefill_tokens"].append(prefill_tokens)
-        rows["decode_requests"].append(n_decode)
-        rows["kv_peak"].append(int(kv_peak))
-        rows["kv_after"].append(int(self.kv_held))
-        rows["n_completed"].append(int(n_completed))
-        rows["n_evicted"].append(int(n_evicted))
-        rows["failed"].append(bool(failed))
+        iterations = pd.DataFrame.from_records(rows, columns=ITERATION_COLUMNS)
+        return RunResult(status, message, self._request_table(), iterations.astype(
+                             ITERATION_DTYPES), self.kv, self.livelock_window, decision_time,
+                         self.preemption, self.requeue, self.token_gaps,
+                         timing_time_s=timing_time,
+                         loop_time_s=loop_time)
 
     def _request_table(self) -> pd.DataFrame:
         """Per-request results in workload order (``request_id`` = position in the workload)."""
