@@ -199,9 +199,10 @@ class Engine:
             raise DecisionError(
                 f"{type(self.policy).__name__}: {what} names request {int(wrong[0])} which is "
                 f"{state[int(self.status[wrong[0]])]}")
-        seen = self._id_scratch
-        seen[ids] += 1
-        repeated = seen[ids].max() > 1
+        # Mark each id with its position: a repeated id keeps only its last mark.
+        seen, positions = self._id_scratch, np.arange(1, ids.size + 1)
+        seen[ids] = positions
+        repeated = (seen[ids] != positions).any()
         seen[ids] = 0
         if repeated:
             raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")

@@ -189,6 +189,19 @@ def test_invalid_decisions_are_rejected_with_a_reason():
         replay([1, 1], [3, 3], StartsRunning(), 10, arrival=[0, 1])
 
 
+class StartsTwice:
+    overflow = EvictLIFO()
+
+    def decide(self, view):
+        return Batch(start=np.repeat(view.waiting[:1], 2))
+
+
+def test_a_repeated_request_id_is_rejected():
+    # Counted twice, the request would be charged twice the KV it holds.
+    with pytest.raises(DecisionError, match="repeats a request id"):
+        replay([1, 1], [3, 3], StartsTwice(), 10)
+
+
 def test_block_size_counts_whole_blocks():
     from replay.engine import Engine
     from replay.kv import explicit
