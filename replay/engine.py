@@ -190,22 +190,22 @@ class Engine:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if not self.validate_decisions or ids.size == 0:
             return ids
-        if ids.min() < 0 or ids.max() >= self.status.size:
+        if ids.view(np.uint64).max() >= self.status.size:  # negative ids wrap to huge ones
             raise DecisionError(f"{type(self.policy).__name__}: {what} has unknown request ids")
-        wrong = ids[self.status[ids] != expected]
-        if wrong.size:
+        # Mark each id with its position: a repeated id keeps only its last mark.
+        seen, positions = self._id_scratch, np.arange(1, ids.size + 1)
+        seen[ids] = positions
+        bad = (self.status[ids] != expected) | (seen[ids] != positions)
+        seen[ids] = 0
+        if bad.any():
+            wrong = ids[self.status[ids] != expected]
+            if not wrong.size:
+                raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")
             state = {FUTURE: "not arrived", WAITING: "waiting", RUNNING: "running",
                      DONE: "completed"}
             raise DecisionError(
                 f"{type(self.policy).__name__}: {what} names request {int(wrong[0])} which is "
                 f"{state[int(self.status[wrong[0]])]}")
-        # Mark each id with its position: a repeated id keeps only its last mark.
-        seen, positions = self._id_scratch, np.arange(1, ids.size + 1)
-        seen[ids] = positions
-        repeated = (seen[ids] != positions).any()
-        seen[ids] = 0
-        if repeated:
-            raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")
         return ids
 
     def _evict(self, victims: np.ndarray) -> int:
@@ -226,6 +226,8 @@ class Engine:
             self.last_token_time[victims] = np.nan
             self.max_token_gap[victims] = np.nan
         self.prefill_len[victims] = self.prompt_len[victims] + self.generated[victims]
+        if self.kv.block_size > 1:
+            self.blocks_held -= int(blocks(self.held[victims], self.kv.block_size).sum())
         self.held[victims] = 0
         self.start_iteration[victims] = -1
         self.evictions[victims] += 1
@@ -238,8 +240,10 @@ class Engine:
             self._next_queue_key += victims.size
             self.queue.append(victims)
         else:
-            merged = np.concatenate((self.queue.ids, victims))
-            self.queue.replace(merged[np.argsort(self.queue_key[merged], kind="stable")])
+            # The queue is in key order and keys are unique: insert the victims by key.
+            queue = self.queue.ids
+            at = np.searchsorted(self.queue_key[queue], self.queue_key[victims])
+            self.queue.replace(np.insert(queue, at, victims))
         return int(victims.size)
 
     def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
@@ -250,12 +254,13 @@ class Engine:
         chunk = remaining_prompt.copy()
         position = self._id_scratch  # zero between uses; 1-based positions while in use
         position[members] = np.arange(1, members.size + 1)
-        rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64)
-        tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64)
-        known = (rids >= 0) & (rids < position.size)
-        k = np.where(known, position[np.where(known, rids, 0)], 0) - 1
+        count = len(batch.prefill_chunks)
+        rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64, count=count)
+        tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64, count=count)
+        k = position.take(rids, mode="clip") - 1  # unknown ids are caught just below
         position[members] = 0
-        bad = (k < 0) | (tokens < 1) | (tokens > remaining_prompt[np.maximum(k, 0)])
+        bad = ((rids.view(np.uint64) >= position.size) | (k < 0) | (tokens < 1)
+               | (tokens > remaining_prompt[k]))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DecisionError(
@@ -271,6 +276,7 @@ class Engine:
         arrival, output_len = self.arrival, self.output_len
         capacity, block = self.kv.tokens, self.kv.block_size
         self.queue, self.running, self.kv_held = WaitingQueue(), _sealed(_EMPTY.copy()), 0
+        self.blocks_held = 0  # with paging (block > 1): KV blocks the running requests occupy
         view = PolicyView(
             kv_capacity=capacity, arrival=_frozen(arrival), prompt_len=_frozen(self.prompt_len),
             predicted_output=_frozen(self.predicted_output),
@@ -362,18 +368,20 @@ class Engine:
                 new_tokens=new_tokens, context=held_before, is_prefill=is_prefill)))
             timing_time += time.perf_counter() - timing_started
             kv_peak = self.kv_held + gain_total
-            if block > 1 or kv_peak > capacity:
+            if block > 1:
+                # Only members change what they hold; their block counts grow at boundaries.
+                new_blocks = int((blocks(held_before + gain, block)
+                                  - blocks(held_before, block)).sum())
+                kv_peak = (self.blocks_held + new_blocks) * block
+            steps += 1
+
+            # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
+            if kv_peak > capacity:
                 holders = np.concatenate((self.running, start)) if start.size else self.running
                 scratch = self._gain_scratch
                 scratch[members] = gain
                 held_after = self.held[holders] + scratch[holders]
                 scratch[members] = 0
-                if block > 1:
-                    kv_peak = int(blocks(held_after, block).sum()) * block
-            steps += 1
-
-            # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
-            if kv_peak > capacity:
                 victims = np.asarray(
                     self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng,
                                                self.running.size),
@@ -406,6 +414,8 @@ class Engine:
                 self.held[members] += gain
                 emitters = members[emits]
             self.kv_held += gain_total
+            if block > 1:
+                self.blocks_held += new_blocks
             tokens = self.generated[emitters]
             first = tokens == 1
             self.first_token_time[emitters[first]] = end
@@ -420,6 +430,8 @@ class Engine:
                 self.completion_time[finished] = end
                 self.status[finished] = DONE
                 self.kv_held -= int(self.held[finished].sum())
+                if block > 1:
+                    self.blocks_held -= int(blocks(self.held[finished], block).sum())
                 self.held[finished] = 0
                 self.running = _sealed(self.running[self.status[self.running] == RUNNING])
                 completed += int(finished.size)
