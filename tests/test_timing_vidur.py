@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from replay.data import MissingDataError
-from replay.timing import LinearTiming, attention_7b, profiles_fetch
+from replay.timing import LinearTiming, aiconfigurator, attention_7b, profiles_fetch
 from replay.timing.base import BatchShape, TimingBackend
 from replay.timing.fit_linear import batch_mix, fit
 from replay.timing.shapes import compose_timing, shape_table, standard_shapes
@@ -202,7 +202,17 @@ def test_7b_attention_is_derived_and_its_provenance_reported(timings):
     assert set(derived["n_kv_head"]) == {32} and set(derived["num_tensor_parallel_workers"]) == {1}
     prefill = derived["is_prefill"]
     column = "time_stats.attn_prefill.median"
-    np.testing.assert_array_equal(derived.loc[prefill, column], source.loc[prefill, column])
+    # Prefill: the 70B time x the measured 32/4 KV-head ratio at the equal-FLOPs length.
+    lengths, ratios = aiconfigurator.prefill_kv_head_ratio()
+    scale = attention_7b.prefill_scale(source.loc[prefill, "prefill_chunk_size"].to_numpy(float),
+                                       source.loc[prefill, "kv_cache_size"].to_numpy(float),
+                                       lengths, ratios)
+    np.testing.assert_allclose(derived.loc[prefill, column], source.loc[prefill, column] * scale,
+                               rtol=1e-9)
+    assert 1.0 < scale.min() and scale.max() < 1.25
+    kernels = provenance["kernel_tables"]
+    assert kernels["package"] == "aiconfigurator-core" and len(kernels["files"]) == 6
+    assert all(len(f["sha256"]) == 64 for f in kernels["files"].values())
     decode = ~prefill
     extra = (derived.loc[decode, "time_stats.attn_decode.median"]
              - source.loc[decode, "time_stats.attn_decode.median"])
@@ -217,7 +227,7 @@ def test_derivation_rejects_data_that_is_not_70b_decode():
     frame = pd.DataFrame({"n_embd": [4096], "n_q_head": [32], "n_kv_head": [32],
                           "num_tensor_parallel_workers": [1], "is_prefill": [False]})
     with pytest.raises(ValueError, match="no Llama-2-70B TP 2 prefill and decode rows"):
-        attention_7b.derive(frame)
+        attention_7b.derive(frame, (np.array([16, 4096]), np.array([1.0, 1.0])))
 
 
 def test_missing_profile_says_where_to_get_it(tmp_path):

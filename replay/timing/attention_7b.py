@@ -14,16 +14,28 @@ head dim                           128               128
 K+V bytes per cached token (fp16)  2*4*128*2 = 2048  2*32*128*2 = 16384
 =================================  ================  ===============
 
-* Prefill rows are copied unchanged: both shapes run 32 query heads of width
-  128 per GPU, so the attention FLOPs ``4 * 32 * 128 * chunk * (kv + chunk/2)``
-  and the K/V tiles each query head streams are the same; prefill is
-  compute-bound at the sizes that matter.
+* Prefill rows are scaled by the measured cost of the extra KV heads. Both shapes
+  run 32 query heads of width 128 per GPU, so the attention FLOPs
+  ``4 * 32 * 128 * chunk * (kv + chunk/2)`` are the same; what differs is the K/V
+  each query head reads. NVIDIA's A100-SXM4-80GB kernel tables
+  (:mod:`replay.timing.aiconfigurator`) time the same prefill kernel with 4 and
+  with 32 KV heads in three frameworks; the median of their ratios (1.01 to
+  1.18 by length) multiplies each 70B row, looked up at the single-sequence
+  length with the same FLOPs, ``sqrt(chunk * (2 * kv + chunk))``. Method
+  version 1 copied the rows unchanged (ratio 1).
 * Decode rows get the extra key/value traffic at the bandwidth the 70B decode
   kernel itself achieves: ``t7(B, kv) = t70(B, kv) + B * kv * (16384 - 2048) / BW``.
   ``BW`` is fitted by least squares of ``t = a + b*B + B*kv*2048/BW`` on every
   70B decode row (about 1.64 TB/s, 80 % of the A100-80GB's 2.04 TB/s peak).
   Decode is memory-bound, so the extra bytes are the whole difference; the
   launch and per-request terms (``a``, ``b``) are kept as measured.
+
+The measured 32-KV-head decode kernels were compared with this derivation
+(``python -m replay.timing.attention_sources``) and not adopted: the two
+collections that time them (SGLang, TensorRT-LLM) differ from each other by about
+1.5x and bracket the derivation (median 0.72x and 1.10x of it), and at the 70B
+shape neither reproduces Vidur's own measurement, which the derivation starts
+from (the README gives the numbers).
 
 Every derived table records this provenance (``provenance()``), and runs that
 use it report it through ``VidurTiming.describe()``.
@@ -34,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-METHOD_VERSION = 1
+METHOD_VERSION = 2
 A100_80GB_PEAK_BANDWIDTH_GBPS = 2039.0   # reference only: the fitted bandwidth must stay below
 DTYPE_BYTES = 2
 HEAD_DIM = 128
@@ -43,6 +55,7 @@ SOURCE_SHAPE = {"model": "meta-llama/Llama-2-70b-hf", "tensor_parallel": 2, "n_e
 TARGET_SHAPE = {"model": "meta-llama/Llama-2-7b-hf", "tensor_parallel": 1, "n_embd": 4096,
                 "n_q_head": 32, "n_kv_head": 32}
 DECODE_STATS = [f"time_stats.attn_decode.{stat}" for stat in ("min", "max", "mean", "median")]
+PREFILL_STATS = [f"time_stats.attn_prefill.{stat}" for stat in ("min", "max", "mean", "median")]
 
 
 def kv_bytes_per_token(shape: dict) -> int:
@@ -76,8 +89,24 @@ def fit_decode_bandwidth(decode: pd.DataFrame) -> tuple[float, float]:
     return 1.0 / coef[2], mape
 
 
-def derive(profile: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """The 7B TP 1 table and the constants it was made with."""
+def prefill_scale(chunk: np.ndarray, cached: np.ndarray, lengths: np.ndarray,
+                  ratios: np.ndarray) -> np.ndarray:
+    """The KV-head ratio for prefill rows, at the single-sequence length with the same FLOPs.
+
+    Interpolated linearly in log length between measured lengths, held at the ends.
+    """
+    equivalent = np.sqrt(chunk * (2.0 * cached + chunk))
+    return np.interp(np.log(equivalent), np.log(lengths), ratios)
+
+
+def derive(profile: pd.DataFrame, prefill_ratio: tuple[np.ndarray, np.ndarray]
+           ) -> tuple[pd.DataFrame, dict]:
+    """The 7B TP 1 table and the constants it was made with.
+
+    ``prefill_ratio`` is ``(lengths, ratios)``: the measured 32/4 KV-head time
+    ratio of a one-sequence prefill
+    (:func:`replay.timing.aiconfigurator.prefill_kv_head_ratio`).
+    """
     rows = _source_rows(profile).copy()
     decode = ~rows["is_prefill"].astype(bool)
     bandwidth, mape = fit_decode_bandwidth(rows[decode])
@@ -90,6 +119,11 @@ def derive(profile: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
                 * extra_bytes / bandwidth)
     for column in DECODE_STATS:
         rows.loc[decode, column] = rows.loc[decode, column] + extra_ms
+    lengths, ratios = prefill_ratio
+    scale = prefill_scale(rows.loc[~decode, "prefill_chunk_size"].to_numpy(float),
+                          rows.loc[~decode, "kv_cache_size"].to_numpy(float), lengths, ratios)
+    for column in PREFILL_STATS:
+        rows.loc[~decode, column] = rows.loc[~decode, column] * scale
     rows["n_embd"] = TARGET_SHAPE["n_embd"]
     rows["n_q_head"] = TARGET_SHAPE["n_q_head"]
     rows["n_kv_head"] = TARGET_SHAPE["n_kv_head"]
@@ -103,18 +137,24 @@ def derive(profile: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         "decode_bandwidth_fit_mape": round(mape, 4),
         "a100_peak_bandwidth_GBps": A100_80GB_PEAK_BANDWIDTH_GBPS,
         "prefill_rows": int((~decode).sum()), "decode_rows": int(decode.sum()),
+        "prefill_kv_head_ratio": {int(n): round(float(r), 4)
+                                  for n, r in zip(lengths, ratios, strict=True)},
+        "prefill_scale_range": [round(float(scale.min()), 4), round(float(scale.max()), 4)],
     }
     return rows, constants
 
 
-def provenance(constants: dict, source_record: dict, table_record: dict) -> dict:
+def provenance(constants: dict, source_record: dict, table_record: dict,
+               kernel_tables: dict) -> dict:
     return {
         "what": "Llama-2-7B TP1 A100 attention table derived from the measured Llama-2-70B TP2 "
                 "attention profile (no measured 7B attention profile available)",
-        "method": "prefill rows copied (same 32 query heads x 128 per GPU); decode rows + "
-                  "B*kv*(16384-2048) bytes / fitted decode bandwidth "
+        "method": "prefill rows x measured 32/4 KV-head prefill time ratio (median of the "
+                  "vLLM, SGLang and TensorRT-LLM A100 kernel tables of aiconfigurator-core); "
+                  "decode rows + B*kv*(16384-2048) bytes / fitted decode bandwidth "
                   "(replay/timing/attention_7b.py)",
         "constants": constants,
         "source_file": source_record,
         "table_file": table_record,
+        "kernel_tables": kernel_tables,
     }

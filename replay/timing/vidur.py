@@ -52,7 +52,7 @@ import pandas as pd
 
 from replay.data import file_record, require_file
 from replay.errors import ConfigError, InputError
-from replay.timing import attention_7b
+from replay.timing import aiconfigurator, attention_7b
 from replay.timing.base import BatchShape
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
 from replay.timing.vidur_spec import PredictionLimits, PredictorSpec, ProfileFiles
@@ -152,20 +152,24 @@ class VidurTiming:
 
     def _derive_7b_attention(self, source: Path) -> tuple[Path, dict]:
         source_record = file_record(source)
+        kernel_tables = aiconfigurator.provenance()
         out_dir = self.cache_dir / "attention_7b" / _sha256_json(
-            [attention_7b.METHOD_VERSION, source_record["sha256"]])[:16]
+            [attention_7b.METHOD_VERSION, source_record["sha256"],
+             sorted(f["sha256"] for f in kernel_tables["files"].values())])[:16]
         table = out_dir / "attention.csv"
         constants_file = out_dir / "constants.json"
         out_dir.mkdir(parents=True, exist_ok=True)
         with fasteners.InterProcessLock(str(out_dir / ".lock")):
             if not (table.is_file() and constants_file.is_file()):
-                rows, constants = attention_7b.derive(pd.read_csv(source))
+                rows, constants = attention_7b.derive(pd.read_csv(source),
+                                                      aiconfigurator.prefill_kv_head_ratio())
                 tmp = out_dir / ".attention.csv.tmp"
                 rows.to_csv(tmp, index=False)
                 tmp.replace(table)
                 constants_file.write_text(json.dumps(constants, indent=1))
         constants = json.loads(constants_file.read_text())
-        return table, attention_7b.provenance(constants, source_record, file_record(table))
+        return table, attention_7b.provenance(constants, source_record, file_record(table),
+                                              kernel_tables)
 
     # -- build / cache ----------------------------------------------------------------------
 
