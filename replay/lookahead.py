@@ -74,6 +74,12 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     """
     if candidates.size == 0:
         return 0
+    # Quick answer for a full batch: what the running set holds now is a lower bound of its
+    # KV at the first checkpoint (each holds at most s + generated slots, and grows by one),
+    # so if the first candidate cannot join even that, no prefix can start.
+    if running is None and (view.kv_held + view.running.size + int(view.prefill_len[candidates[0]])
+                            + 1 > view.kv_capacity):
+        return 0
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est, running)
     budget = view.kv_capacity

@@ -170,8 +170,8 @@ def test_a_path_valued_sweep_override_cannot_leave_the_sweep_folder(tmp_path):
 
 
 COMMANDS = ["replay", "replay.reproduce", "replay.plots", "replay.bench", "replay.fluid",
-            "replay.timing.shapes", "replay.timing.fit_linear", "traces.stats", "traces.fetch",
-            "traces.build"]
+            "replay.timing.shapes", "replay.timing.fit_linear", "replay.timing.attention_sources",
+            "traces.stats", "traces.fetch", "traces.build"]
 
 
 def module(name: str, *args: str):
@@ -195,6 +195,7 @@ def test_every_command_has_help(name):
     ("replay.plots", ["kv", "/nonexistent"], "not a finished run"),
     ("replay.timing.shapes", ["policy=nope"], "policy/nope"),
     ("replay.timing.shapes", ["data_dir=/nonexistent"], "not found"),
+    ("replay.timing.attention_sources", ["data_dir=/nonexistent"], "not found"),
     ("replay.fluid", ["workload=lmsys_synthetic"], "typed workload"),
     ("traces.stats", ["workload=csv", "workload.path=/nonexistent.csv"], "not found"),
     ("replay.reproduce", ["nope"], "invalid choice"),
