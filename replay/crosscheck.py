@@ -44,7 +44,7 @@ through its exported tables, :mod:`replay.timing.vidur`). What still differs, by
   raises ``KeyError``); the harness extrapolates there (``timing.out_of_range``).
 
 The speed comparison times only the simulation loops (Vidur's ``Simulator.run``
-with its traces and metrics off; the harness's engine as ``wall_time_s``), on the
+with its traces and metrics off; the harness's step loop, ``loop_time_s``), on the
 same requests; building the predictor, loading traces and writing outputs are left
 out of both.
 """
@@ -104,19 +104,20 @@ class Setup:
                 f"workload={workload}", f"workload.n={self.n}", "arrivals=poisson",
                 f"arrivals.rate={rate}", f"policy={scheduler}", f"seed={self.seed}",
                 "output.overwrite=true",  # the crosscheck's folders are its own
+                "output.skip_existing=false",  # its speed comparison must time a fresh run
                 f"policy.max_num_seqs={self.max_num_seqs}", f"policy.watermark={self.watermark}",
                 f"policy.block_size={self.block_size}", *policy,
                 *(QUICK_GRID if self.quick else ())]
 
 
 def run_harness(overrides: list[str], out_dir: Path) -> tuple[pd.DataFrame, float, object]:
-    """This harness on one case: its request table, engine wall seconds, and the config."""
+    """This harness on one case: its request table, its step loop's wall seconds, the config."""
     cfg = compose_config(overrides)
     summary = run(cfg, out_dir)
     if summary["status"] != "completed":
         raise InputError(f"{out_dir}: the harness run ended '{summary['status']}' "
                          f"({summary['message']}); the crosscheck compares complete runs only")
-    return pd.read_parquet(out_dir / "requests.parquet"), summary["wall_time_s"], cfg
+    return pd.read_parquet(out_dir / "requests.parquet"), summary["loop_time_s"], cfg
 
 
 def _restartable_request_class():

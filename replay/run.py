@@ -182,6 +182,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     summary = summarize(result)
     summary.update({
         "wall_time_s": wall,
+        "loop_time_s": result.loop_time_s,   # the engine's step loop only (no setup, no output)
         "time_unit": "rounds" if timing_info["backend"] == "unit" else "seconds",
         "length_unit": requests.length_unit,
         "timing": timing_info,
