@@ -57,18 +57,15 @@ class WaitingQueue:
         front = self._buffer[self._head:self._head + n_left]
         if (status[front] != waiting).all():
             self._head += n_left
+            self._view = None
         else:
             queue = self.ids
-            self._replace(queue[status[queue] == waiting])
-        self._view = None
+            self.replace(queue[status[queue] == waiting])
 
     def replace(self, ids: np.ndarray) -> None:
-        """Make ``ids`` the queue (a reordering the caller computed)."""
-        self._replace(ids)
-        self._view = None
-
-    def _replace(self, ids: np.ndarray) -> None:
+        """Make ``ids`` the queue (a reordering the caller computed), in a new buffer."""
         # Room to grow, so the arrivals that follow a rebuild do not copy the queue again.
         self._buffer = np.empty(max(2 * ids.size, _INITIAL_CAPACITY), dtype=np.int64)
         self._buffer[:ids.size] = ids
         self._head, self._tail = 0, ids.size
+        self._view = None

@@ -243,3 +243,37 @@ def test_kept_order_equals_sorting_the_waiting_queue_every_step(steps, seed):
                                   rng.choice(outside, min(joins, outside.size), replace=False)))
         expected = waiting[np.lexsort((waiting, key[waiting]))]
         assert np.array_equal(kept.ordered(waiting, key), expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "drop", "replace"]), st.integers(0, 300)),
+                min_size=1, max_size=30), st.integers(0, 10_000))
+def test_waiting_queue_matches_a_plain_array_and_keeps_old_views(operations, seed):
+    """WaitingQueue equals rebuilding a plain array, and a view handed out earlier keeps
+    reading the queue as it was (policies may hold on to one)."""
+    from replay.waiting import WaitingQueue
+
+    rng = np.random.default_rng(seed)
+    queue, model, next_id, views = WaitingQueue(), np.zeros(0, dtype=np.int64), 0, []
+    status = np.zeros(20_000, dtype=np.int8)  # 1 = waiting
+    for operation, k in operations:
+        if operation == "append":
+            new = np.arange(next_id, next_id + k)
+            next_id += k
+            status[new] = 1
+            queue.append(new)
+            model = np.concatenate((model, new))
+        elif operation == "drop" and model.size:
+            # Admit k requests: the first ones (the prefix path) or any (the rebuild path).
+            k = min(k, model.size)
+            left = model[:k] if rng.random() < 0.5 else rng.choice(model, k, replace=False)
+            status[left] = 2
+            queue.drop_left(status, 1, k)
+            model = model[status[model] == 1]
+        elif operation == "replace":
+            model = rng.permutation(model)
+            queue.replace(model)
+        views.append((queue.ids, model.copy()))
+        assert queue.size == model.size and np.array_equal(queue.ids, model)
+        assert not queue.ids.flags.writeable
+    assert all(np.array_equal(view, then) for view, then in views)
