@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replay.lookahead import admissible_prefix
+from replay.lookahead import admissible_prefix, first_cannot_join
 from replay.ordering import KeptOrder
 from replay.policy import Batch, OverflowRule, PolicyView
 
@@ -25,6 +25,8 @@ class MCSF:
 
     def decide(self, view: PolicyView) -> Batch:
         if view.waiting.size == 0:
-            return Batch()
+            return Batch(steady=True)
         order = self.kept.ordered(view.waiting, view.predicted_output)
+        if first_cannot_join(view, order):
+            return Batch(steady=True)
         return Batch(start=order[: admissible_prefix(view, order)])

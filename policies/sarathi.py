@@ -82,8 +82,11 @@ class SarathiLike:
             seats -= 1
         advance = np.concatenate((decodes, np.fromiter(
             (r for r in prefilling if r in plan.chunks), dtype=np.int64)))
+        # Steady when every running request decodes and nothing starts: the free blocks only
+        # shrink until a completion, so the queue head stays out (see _ChunkPlan._chunk).
         return Batch(start=np.asarray(plan.started, dtype=np.int64), advance=advance,
-                     preempt=preempted, prefill_chunks=plan.chunks)
+                     preempt=preempted, prefill_chunks=plan.chunks,
+                     steady=not plan.started and prefilling.size == 0 and preempted.size == 0)
 
 
 class _ChunkPlan:

@@ -59,7 +59,9 @@ class VLLMLike:
         if admitted.size:
             return Batch(start=admitted, advance=_EMPTY)
         keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
-        return Batch(advance=running[keep], preempt=running[~keep])
+        # Steady: without arrivals or completions the queue head stays too big for the free
+        # blocks (they only shrink), so only the preemption test can change the decision.
+        return Batch(advance=running[keep], preempt=running[~keep], steady=bool(keep.all()))
 
     def admit(self, view: PolicyView, free_blocks: int) -> np.ndarray:
         """The prefix of the waiting queue that the three admission limits allow."""

@@ -65,7 +65,8 @@ def main() -> None:
         bench_sorted(args.repeat)
         return
     print(f"{'run':<24}{'requests':>9}{'iterations':>11}{'wall s':>9}{'req/wall-s':>12}"
-          f"{'decide us/step':>16}{'timing us/step':>16}{'engine us/step':>16}{'setup s':>9}")
+          f"{'decide us/step':>16}{'timing us/step':>16}{'engine us/step':>16}{'setup s':>9}"
+          f"{'decided %':>10}")
     if args.scenarios:
         names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
         for name in names:
@@ -93,7 +94,8 @@ def report(label: str, cfg, repeat: int) -> None:
     print(f"{label:<24}{len(requests):>9}{steps:>11}{best:>9.2f}{len(requests) / best:>12.0f}"
           f"{1e6 * fastest.decision_time_s / steps:>16.1f}"
           f"{1e6 * fastest.timing_time_s / steps:>16.1f}{1e6 * engine / steps:>16.1f}"
-          f"{best - fastest.loop_time_s:>9.2f}", flush=True)
+          f"{best - fastest.loop_time_s:>9.2f}{100 * fastest.decisions / steps:>10.1f}",
+          flush=True)
 
 
 def bench_sorted(repeat: int) -> None:

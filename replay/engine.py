@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 import pandas as pd
@@ -93,6 +94,7 @@ class RunResult:
     fluid: dict | None = None  # the fluid benchmark of a typed workload (replay.run)
     timing_time_s: float = 0.0
     loop_time_s: float = 0.0
+    decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -126,16 +128,17 @@ class Engine:
                  max_steps: int | None = None, progress: bool = False,
                  validate_decisions: bool = True, preemption: str = "restart",
                  requeue: str = "front", max_running: int | None = None,
-                 max_starts_per_round: int | None = None) -> None:
+                 max_starts_per_round: int | None = None, fast_forward: bool = True) -> None:
         if requests.arrival is None:
             raise ValueError("Engine: requests have no arrival times; assign arrivals first")
         for key, value in (("preemption", preemption), ("requeue", requeue),
                            ("max_running", max_running), ("livelock_window", livelock_window),
                            ("max_starts_per_round", max_starts_per_round),
-                           ("max_steps", max_steps)):
+                           ("max_steps", max_steps), ("fast_forward", fast_forward)):
             check_value(f"engine.{key}", value)
         self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
         self.max_starts_per_round = max_starts_per_round
+        self.fast_forward = fast_forward
         requests.validate(kv.tokens)
         self.requests = requests
         self.policy = policy
@@ -269,6 +272,74 @@ class Engine:
         chunk[k] = tokens
         return chunk
 
+    def _fast_forward(self, members: np.ndarray, now: float, next_arrival: float,
+                      rows: list[tuple], max_steps: int) -> tuple[int, float, float]:
+        """Execute the decode steps that follow a ``steady`` decision without asking the policy.
+
+        ``members`` (the whole running set) just decoded. The same step repeats
+        until the next one would start at or after ``next_arrival``, complete a
+        request, exceed the KV capacity, leave the timing backend's exact range
+        or pass ``max_steps``; the step loop takes over there. Results are those
+        of the step loop: durations are priced per step (vectorised), start
+        times are the same running float sum (``cumsum`` adds in order), and
+        the token gaps reach the histogram in the same order.
+        Returns ``(steps executed, time after them, seconds spent pricing)``.
+        """
+        held = self.held[members]
+        max_steps = min(max_steps, int((self.output_len[members]
+                                        - self.generated[members]).min()) - 1)
+        if max_steps <= 0:
+            return 0, now, 0.0
+        size, block, capacity = members.size, self.kv.block_size, self.kv.tokens
+        context_sum, context_max = int(held.sum()), int(held.max())
+        if block > 1:
+            # A request r slots into its last block (minus one) gains (r + j) // block blocks
+            # over the next j steps, so the peak is one small matrix product per stretch.
+            slots_in_block = np.bincount((held - 1) % block, minlength=block)
+        kv_before, blocks_before = self.kv_held, self.blocks_held
+        done, chunk, priced_s, longest_gap = 0, 32, 0.0, 0.0
+        while done < max_steps:
+            steps = min(chunk, max_steps - done)
+            priced = time.perf_counter()
+            durations = self.timing.decode_durations(size, context_sum + done * size,
+                                                     context_max + done, steps)
+            priced_s += time.perf_counter() - priced
+            j = np.arange(done + 1, done + durations.size + 1, dtype=np.int64)
+            kv_after = kv_before + size * j
+            if block > 1:
+                peak_blocks = blocks_before + (
+                    (j[:, None] + np.arange(block)) // block) @ slots_in_block
+                kv_peak = peak_blocks * block
+            else:
+                kv_peak = kv_after
+            clock = np.cumsum(np.concatenate(([now], durations)))
+            take = min(int(np.searchsorted(kv_peak, capacity, side="right")),
+                       int(np.searchsorted(clock[:-1], next_arrival, side="left")))
+            if take:
+                starts, ends = clock[:take], clock[1:take + 1]
+                gaps = ends - starts
+                rows.extend(zip(starts.tolist(), durations[:take].tolist(), repeat(size, take),
+                                repeat(0, take), repeat(0, take), repeat(size, take),
+                                kv_peak[:take].tolist(), kv_after[:take].tolist(),
+                                repeat(0, take), repeat(0, take), repeat(False, take),
+                                strict=True))
+                self.token_gaps.add_repeated(gaps, size)
+                longest_gap = max(longest_gap, float(gaps.max()))
+                now = float(ends[-1])
+                done += take
+                if block > 1:
+                    self.blocks_held = int(peak_blocks[take - 1])
+            if take < steps:
+                break
+            chunk *= 4
+        if done:
+            self.generated[members] += done
+            self.held[members] += done
+            self.kv_held = kv_before + size * done
+            self.last_token_time[members] = now
+            self.max_token_gap[members] = np.fmax(self.max_token_gap[members], longest_gap)
+        return done, now, priced_s
+
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
         loop_started = time.perf_counter()
@@ -288,6 +359,8 @@ class Engine:
         rows: list[tuple] = []  # one per step, in ITERATION_COLUMNS order
         now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
         decision_time = timing_time = 0.0
+        decisions = 0
+        fast_forward = self.fast_forward and hasattr(self.timing, "decode_durations")
         status, message = "completed", ""
         bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
 
@@ -323,6 +396,7 @@ class Engine:
             decide_started = time.perf_counter()
             batch = self.policy.decide(view)
             decision_time += time.perf_counter() - decide_started
+            decisions += 1
 
             n_evicted = 0
             if batch.preempt is not None and len(batch.preempt):
@@ -443,6 +517,19 @@ class Engine:
                          int(kv_peak), self.kv_held, finished.size, n_evicted, False))
             now = end
             iteration += 1
+            if (batch.steady and fast_forward and emits is None and start.size == 0
+                    and n_evicted == 0 and finished.size == 0
+                    and members.size == self.running.size):
+                # The stretch stops where the loop's own checks would stop the run.
+                room = self.livelock_window - idle_steps + 1
+                if self.max_steps is not None:
+                    room = min(room, self.max_steps - steps)
+                skipped, now, priced_s = self._fast_forward(members, now, float(next_arrival),
+                                                            rows, room)
+                steps += skipped
+                iteration += skipped
+                idle_steps += skipped
+                timing_time += priced_s
         loop_time = time.perf_counter() - loop_started
         bar.close()
         iterations = pd.DataFrame.from_records(rows, columns=ITERATION_COLUMNS)
@@ -450,7 +537,7 @@ class Engine:
                              ITERATION_DTYPES), self.kv, self.livelock_window, decision_time,
                          self.preemption, self.requeue, self.token_gaps,
                          timing_time_s=timing_time,
-                         loop_time_s=loop_time)
+                         loop_time_s=loop_time, decisions=decisions)
 
     def _request_table(self) -> pd.DataFrame:
         """Per-request results in workload order (``request_id`` = position in the workload)."""

@@ -46,6 +46,30 @@ class LogHistogram:
         self._buffer[self._filled:self._filled + k] = values
         self._filled += k
 
+    def add_repeated(self, values: np.ndarray, each: int) -> None:
+        """Same as ``add(np.full(each, v))`` for each ``v`` of ``values`` in turn.
+
+        The buffer is folded at the same points as those separate calls would
+        fold it, so the running ``total`` (a float sum) is identical too.
+        """
+        if each == 0:
+            return
+        if each > self._buffer.size:
+            for value in values:
+                self.add(np.full(each, value))
+            return
+        done = 0
+        while done < values.size:
+            rows = (self._buffer.size - self._filled) // each
+            if rows == 0:
+                self._flush()
+                continue
+            rows = min(rows, values.size - done)
+            self._buffer[self._filled:self._filled + rows * each] = np.repeat(
+                values[done:done + rows], each)
+            self._filled += rows * each
+            done += rows
+
     def _flush(self) -> None:
         if self._filled:
             self._fold(self._buffer[:self._filled])

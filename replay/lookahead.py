@@ -62,6 +62,19 @@ def running_profile(view: PolicyView, estimate: np.ndarray | None = None,
     return view.prompt_len[run] + generated, remaining_iterations(view, run, est)
 
 
+def first_cannot_join(view: PolicyView, candidates: np.ndarray) -> bool:
+    """True if the first of ``candidates`` cannot start even beside the running set's KV now.
+
+    What the running set holds now is a lower bound of its KV at the first
+    checkpoint (each holds at most ``s + generated`` slots, and grows by one),
+    so then no prefix can start. While the running set only decodes (no
+    arrival, start or completion) its KV only grows, so the answer stays true:
+    a policy that starts nothing for this reason may declare ``Batch.steady``.
+    """
+    return (view.kv_held + view.running.size + int(view.prefill_len[candidates[0]]) + 1
+            > view.kv_capacity)
+
+
 def admissible_prefix(view: PolicyView, candidates: np.ndarray,
                       estimate: np.ndarray | None = None, running: np.ndarray | None = None
                       ) -> int:
@@ -72,13 +85,7 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     equals "the longest feasible prefix", found by galloping then bisection:
     ``O(log k)`` vectorised checks for an answer ``k``.
     """
-    if candidates.size == 0:
-        return 0
-    # Quick answer for a full batch: what the running set holds now is a lower bound of its
-    # KV at the first checkpoint (each holds at most s + generated slots, and grows by one),
-    # so if the first candidate cannot join even that, no prefix can start.
-    if running is None and (view.kv_held + view.running.size + int(view.prefill_len[candidates[0]])
-                            + 1 > view.kv_capacity):
+    if candidates.size == 0 or (running is None and first_cannot_join(view, candidates)):
         return 0
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est, running)

@@ -63,6 +63,7 @@ def summarize(result: RunResult) -> dict:
         "kv": result.kv.describe(),
         "livelock_window": result.livelock_window,
         "decision_time_s": result.decision_time_s,
+        "n_decisions": result.decisions,
         "preemption": result.preemption,
         "requeue": result.requeue,
     }

@@ -36,12 +36,21 @@ class Batch:
     they lose their progress and KV and return to the waiting queue).
     ``prefill_chunks``: for requests that are prefilling this iteration, the
     prompt tokens each processes (default: all of its remaining prompt).
+    ``steady``: a promise about the following steps, read only when the
+    decision is a pure decode step (every running request decodes, nothing
+    starts or is preempted): that ``decide`` would return the same decision
+    at every following step until a request arrives or completes, or the
+    running set's next step would exceed the KV capacity. The engine then
+    executes that stretch without calling ``decide`` (see
+    ``Engine._fast_forward``), with results identical to calling it. Promise it
+    only where the decision provably repeats and does not draw from ``rng``.
     """
 
     start: np.ndarray = field(default_factory=lambda: _EMPTY)
     advance: np.ndarray | None = None
     preempt: np.ndarray = field(default_factory=lambda: _EMPTY)
     prefill_chunks: Mapping[int, int] | None = None
+    steady: bool = False
 
 
 @dataclass(slots=True)

@@ -141,7 +141,8 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
                     validate_decisions=cfg.engine.validate_decisions,
                     preemption=cfg.engine.preemption, requeue=cfg.engine.requeue,
                     max_running=cfg.engine.max_running,
-                    max_starts_per_round=cfg.engine.get("max_starts_per_round"))
+                    max_starts_per_round=cfg.engine.get("max_starts_per_round"),
+                    fast_forward=cfg.engine.fast_forward)
     result = engine.run()
     if hasattr(policy, "describe"):
         result.policy_info = policy.describe()

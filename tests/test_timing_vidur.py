@@ -365,3 +365,21 @@ def test_missing_kernel_tables_package_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(aiconfigurator.resources, "files", not_installed)
     with pytest.raises(ConfigError, match=r"pip install 'aiconfigurator-core>=0.12'"):
         aiconfigurator.prefill_kv_head_ratio()
+
+
+@needs_profiles
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_a_decode_stretch_is_priced_like_its_single_steps_up_to_the_profile_edge(timings, setup):
+    timing = timings[setup]
+    rng = np.random.default_rng(3)
+    counted = dict(timing.out_of_range_batches)  # the fixture is shared with other tests
+    for size in (1, 2, 7, 33, timing.tables.max_batch_size):
+        context = rng.integers(1, 3000, size)
+        steps = int(timing.tables.max_tokens - context.max()) + 5  # runs 5 past the edge
+        stretch = timing.decode_durations(size, int(context.sum()), int(context.max()), steps)
+        assert stretch.size == steps - 5
+        single = [timing.duration(shape(np.ones(size), context + k)) for k in range(stretch.size)]
+        assert stretch.tolist() == single
+    assert timing.out_of_range_batches == counted
+    big = timing.tables.max_batch_size + 1
+    assert timing.decode_durations(big, 10 * big, 10, 4).size == 0

@@ -38,6 +38,15 @@ class TimingBackend(Protocol):
     integer rounds) and ``"seconds"`` otherwise. ``describe()`` returns what
     the run summary records about the backend (coefficients, profile files and
     their hashes, provenance of any substituted data).
+
+    A backend may also offer ``decode_durations(batch_size, context_sum,
+    context_max, steps)``: the durations of ``steps`` consecutive decode-only
+    iterations of the same ``batch_size`` requests whose contexts start at sum
+    ``context_sum`` (largest ``context_max``) and grow by one token each per
+    iteration, each exactly what :meth:`duration` returns for that shape. It
+    may return a shorter prefix (e.g. up to the edge of a profile). The engine
+    uses it to price a steady stretch at once (see ``Batch.steady``); without
+    it every iteration is priced on its own.
     """
 
     time_unit: str

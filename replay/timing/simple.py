@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from replay.errors import ConfigError
 from replay.timing.base import BatchShape
 
@@ -15,6 +17,10 @@ class UnitTiming:
 
     def duration(self, batch: BatchShape) -> float:
         return 1.0
+
+    def decode_durations(self, batch_size: int, context_sum: int, context_max: int,
+                         steps: int) -> np.ndarray:
+        return np.ones(steps)
 
     def describe(self) -> dict:
         return {"backend": "unit"}
@@ -52,6 +58,12 @@ class LinearTiming:
     def duration(self, batch: BatchShape) -> float:
         touched, prefill = self.terms(batch)
         return self.d0 + self.d1 * touched + self.d2 * prefill
+
+    def decode_durations(self, batch_size: int, context_sum: int, context_max: int,
+                         steps: int) -> np.ndarray:
+        # The same float operations as duration(), one element per iteration.
+        touched = context_sum + batch_size * np.arange(1, steps + 1, dtype=np.int64)
+        return self.d0 + self.d1 * touched + self.d2 * 0
 
     def describe(self) -> dict:
         return {"backend": "linear", "d0": self.d0, "d1": self.d1, "d2": self.d2,

@@ -240,6 +240,19 @@ class VidurTiming:
                                ].sum()
         return float(ms) * self._ms_to_s
 
+    def decode_durations(self, batch_size: int, context_sum: int, context_max: int,
+                         steps: int) -> np.ndarray:
+        """The decode path of :meth:`duration` for ``steps`` iterations, up to the profile's edge
+        (the first out-of-range iteration is left to :meth:`duration`, which counts it)."""
+        if batch_size > self._max_batch:
+            return np.zeros(0)
+        steps = max(0, min(steps, self._max_tokens - context_max))
+        context = context_sum + batch_size * np.arange(steps, dtype=np.int64)
+        mean_context = context // batch_size
+        token_ms = self._token_ms[-(-batch_size // TOKEN_ROUNDING) * TOKEN_ROUNDING]
+        return (token_ms + self._decode_ms[batch_size, -(-mean_context // self._granularity)]
+                ) * self._ms_to_s
+
     def _out_of_range(self, new_tokens, context, total, decode, n_decode) -> float:
         kinds = []
         if total > self._max_tokens:
