@@ -187,6 +187,9 @@ class Engine:
         self._next_queue_key = n
         self._gain_scratch = np.zeros(n, dtype=np.int64)
         self._id_scratch = np.zeros(n, dtype=np.int64)
+        # Decode-only shapes are slices of these (a batch never exceeds the trace).
+        self._ones = _sealed(np.ones(n, dtype=np.int64))
+        self._no_prefill = _sealed(np.zeros(n, dtype=bool))
 
     # ------------------------------------------------------------------ helpers
     def _check_ids(self, ids, expected: int, what: str) -> np.ndarray:
@@ -428,8 +431,7 @@ class Engine:
             if prefill_total == 0:
                 # Decode only (most steps): every member emits one token and holds one more slot.
                 emits, gain, gain_total, n_decode = None, 1, members.size, members.size
-                is_prefill = np.zeros(members.size, dtype=bool)
-                new_tokens = np.ones(members.size, dtype=np.int64)
+                is_prefill, new_tokens = self._no_prefill[:members.size], self._ones[:members.size]
             else:
                 is_prefill = remaining_prompt > 0
                 emits = chunk == remaining_prompt  # a decode, or the prompt's last chunk
@@ -491,9 +493,12 @@ class Engine:
             if block > 1:
                 self.blocks_held += new_blocks
             tokens = self.generated[emitters]
-            first = tokens == 1
-            self.first_token_time[emitters[first]] = end
-            later = emitters[~first]
+            if emits is None:
+                later = emitters  # decoding means the prompt's last chunk emitted token 1 before
+            else:
+                first = tokens == 1
+                self.first_token_time[emitters[first]] = end
+                later = emitters[~first]
             if later.size:
                 gaps = end - self.last_token_time[later]
                 self.token_gaps.add(gaps)

@@ -40,6 +40,30 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int
     return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
 
 
+def _one_more_fits(base: np.ndarray, remaining: np.ndarray, new_base: int, new_remaining: int,
+                   budget: int, block_size: int) -> bool:
+    """``peak_kv`` of ``(base, remaining)`` plus one request ``(new_base, new_remaining)`` is
+    within ``budget``, without building the joined arrays (the same answer).
+
+    In the descending order the newcomer goes after the ties of its ``remaining``: it
+    adds ``new_base + c`` at every checkpoint ``c <= new_remaining`` and its own
+    checkpoint holds everything still there then (ties counted at the newcomer's own).
+    """
+    if block_size > 1 or base.size == 0:
+        return peak_kv(np.append(base, new_base), np.append(remaining, new_remaining),
+                       block_size) <= budget
+    order = np.argsort(-remaining, kind="stable")
+    remaining = remaining[order]
+    cumulative = np.cumsum(base[order])
+    at_checkpoints = cumulative + np.arange(1, base.size + 1) * remaining
+    joined = np.where(remaining <= new_remaining, at_checkpoints + new_base + remaining,
+                      at_checkpoints)
+    staying = int(np.count_nonzero(remaining >= new_remaining))
+    own = (int(cumulative[staying - 1]) if staying else 0) + (staying + 1) * new_remaining \
+        + new_base
+    return max(int(joined.max()), own) <= budget
+
+
 def remaining_iterations(view: PolicyView, ids: np.ndarray, estimate: np.ndarray) -> np.ndarray:
     """Iterations requests ``ids`` still need by ``estimate`` (at least one: a request that
     has generated its estimate is assumed to need one more)."""
@@ -90,6 +114,14 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est, running)
     budget = view.kv_capacity
+
+    # A full batch usually cannot take even the first candidate: one check answers that
+    # before the candidate arrays below are built.
+    first_id = int(candidates[0])
+    if not _one_more_fits(run_base, run_rem, int(view.prefill_len[first_id]),
+                          max(int(est[first_id]) - int(view.generated[first_id]), 1), budget,
+                          view.kv_block_size):
+        return 0
     first = int(run_base.sum()) + run_base.size
     # A candidate holds at least two slots after its first iteration (a prompt token and
     # the token it emits), so at most (budget - first) // 2 can start: only that many of a
@@ -100,8 +132,8 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     cand_rem = remaining_iterations(view, candidates, est)
     # Necessary condition at the first checkpoint bounds the prefix length.
     upper = int(np.searchsorted(np.cumsum(cand_base + 1), budget - first, side="right"))
-    if upper == 0:
-        return 0
+    if upper <= 1:
+        return upper
 
     def fits(k: int) -> bool:
         base = np.concatenate((run_base, cand_base[:k]))
@@ -110,7 +142,7 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
 
     if fits(upper):
         return upper
-    good, bad = 0, 1
+    good, bad = 1, 2
     while bad < upper and fits(bad):
         good, bad = bad, min(2 * bad, upper)
     while bad - good > 1:

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.lookahead import admissible_prefix, peak_kv
+from replay.lookahead import _one_more_fits, admissible_prefix, peak_kv
 from replay.policy import PolicyView
 
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=0, max_size=30)
@@ -25,6 +25,17 @@ def test_peak_equals_round_by_round_maximum(pairs, block_size):
     base = np.array([b for b, _ in pairs], dtype=np.int64)
     remaining = np.array([r for _, r in pairs], dtype=np.int64)
     assert peak_kv(base, remaining, block_size) == brute_peak(base, remaining, block_size)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=lengths, new=st.tuples(st.integers(1, 40), st.integers(1, 40)),
+       block_size=st.sampled_from([1, 1, 1, 4]))
+def test_the_one_candidate_check_answers_like_the_joined_peak(pairs, new, block_size):
+    base = np.array([b for b, _ in pairs], dtype=np.int64)
+    remaining = np.array([r for _, r in pairs], dtype=np.int64)
+    joined = peak_kv(np.append(base, new[0]), np.append(remaining, new[1]), block_size)
+    assert _one_more_fits(base, remaining, *new, joined, block_size)
+    assert not _one_more_fits(base, remaining, *new, joined - 1, block_size)
 
 
 def make_view(kv, prompt, output, generated, running, waiting) -> PolicyView:

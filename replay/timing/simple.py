@@ -52,8 +52,9 @@ class LinearTiming:
     @staticmethod
     def terms(batch: BatchShape) -> tuple[int, int]:
         """``(KV tokens touched, prefill tokens)``: the model's regressors besides 1."""
-        return (int(batch.context.sum() + batch.new_tokens.sum()),
-                int(batch.new_tokens[batch.is_prefill].sum()))
+        new_tokens = int(batch.new_tokens.sum())
+        return (int(batch.context.sum()) + new_tokens,
+                int(batch.new_tokens[batch.is_prefill].sum()) if batch.is_prefill.any() else 0)
 
     def duration(self, batch: BatchShape) -> float:
         touched, prefill = self.terms(batch)
