@@ -245,6 +245,20 @@ def test_kept_order_equals_sorting_the_waiting_queue_every_step(steps, seed):
         assert np.array_equal(kept.ordered(waiting, key), expected)
 
 
+def test_kept_order_reuses_its_order_only_for_the_same_read_only_queue():
+    from replay.ordering import KeptOrder
+
+    key = np.array([5, 1, 3, 2])
+    kept, queue = KeptOrder(), np.array([0, 1, 2])
+    assert kept.ordered(queue, key).tolist() == [1, 2, 0]
+    queue[2] = 3  # a caller's writable array may change in place: never trusted
+    assert kept.ordered(queue, key).tolist() == [1, 3, 0]
+    frozen = np.array([0, 2])
+    frozen.flags.writeable = False
+    first = kept.ordered(frozen, key)
+    assert first.tolist() == [2, 0] and kept.ordered(frozen, key) is first
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["append", "drop", "replace"]), st.integers(0, 300)),
                 min_size=1, max_size=30), st.integers(0, 10_000))
