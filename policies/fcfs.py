@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replay.lookahead import admissible_prefix, first_cannot_join
+from replay.lookahead import start_admissible
 from replay.policy import Batch, OverflowRule, PolicyView
 
 
@@ -17,7 +17,4 @@ class FCFSLookahead:
     overflow: OverflowRule
 
     def decide(self, view: PolicyView) -> Batch:
-        waiting = view.waiting  # already in arrival order
-        if waiting.size == 0 or first_cannot_join(view, waiting):
-            return Batch(steady=True)
-        return Batch(start=waiting[: admissible_prefix(view, waiting)])
+        return start_admissible(view, view.waiting)  # the queue is in arrival order

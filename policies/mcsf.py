@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replay.lookahead import admissible_prefix, first_cannot_join
+from replay.lookahead import start_admissible
 from replay.ordering import KeptOrder
 from replay.policy import Batch, OverflowRule, PolicyView
 
@@ -15,9 +15,10 @@ class MCSF:
     output length (ties: earlier arrival, then id; engine ids already encode that
     order). Stops at the first request that fails the lookahead check.
 
-    Cost per decision: ``O(waiting)`` vectorised work to keep the order across steps
-    (:class:`replay.ordering.KeptOrder`; no sort of the whole queue) plus
-    ``O(log k)`` vectorised checks, independent of the trace length.
+    Cost per decision: keeping the order across steps (:class:`replay.ordering.KeptOrder`:
+    nothing while the queue is unchanged, else ``O(waiting)`` vectorised work, no sort
+    of the whole queue) plus ``O(log k)`` vectorised checks, independent of the trace
+    length.
     """
 
     overflow: OverflowRule
@@ -26,7 +27,4 @@ class MCSF:
     def decide(self, view: PolicyView) -> Batch:
         if view.waiting.size == 0:
             return Batch(steady=True)
-        order = self.kept.ordered(view.waiting, view.predicted_output)
-        if first_cannot_join(view, order):
-            return Batch(steady=True)
-        return Batch(start=order[: admissible_prefix(view, order)])
+        return start_admissible(view, self.kept.ordered(view.waiting, view.predicted_output))

@@ -300,9 +300,9 @@ class Engine:
             # over the next j steps, so the peak is one small matrix product per stretch.
             slots_in_block = np.bincount((held - 1) % block, minlength=block)
         kv_before, blocks_before = self.kv_held, self.blocks_held
-        done, chunk, priced_s, longest_gap = 0, 32, 0.0, 0.0
+        done, per_call, priced_s, longest_gap = 0, 32, 0.0, 0.0
         while done < max_steps:
-            steps = min(chunk, max_steps - done)
+            steps = min(per_call, max_steps - done)
             priced = time.perf_counter()
             durations = self.timing.decode_durations(size, context_sum + done * size,
                                                      context_max + done, steps)
@@ -334,7 +334,7 @@ class Engine:
                     self.blocks_held = int(peak_blocks[take - 1])
             if take < steps:
                 break
-            chunk *= 4
+            per_call *= 4  # a long stretch is priced in few calls
         if done:
             self.generated[members] += done
             self.held[members] += done

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.paging import blocks
-from replay.policy import PolicyView
+from replay.policy import Batch, PolicyView
 
 
 def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int:
@@ -111,6 +111,24 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     """
     if candidates.size == 0 or (running is None and first_cannot_join(view, candidates)):
         return 0
+    return _longest_feasible_prefix(view, candidates, estimate, running)
+
+
+def start_admissible(view: PolicyView, candidates: np.ndarray) -> Batch:
+    """The batch of a policy that walks ``candidates`` and starts what the lookahead admits.
+
+    When nothing waits, or the first candidate cannot join (:func:`first_cannot_join`),
+    that stays so until a request arrives or completes: the batch is ``steady``.
+    """
+    if candidates.size == 0 or first_cannot_join(view, candidates):
+        return Batch(steady=True)
+    return Batch(start=candidates[: _longest_feasible_prefix(view, candidates)])
+
+
+def _longest_feasible_prefix(view: PolicyView, candidates: np.ndarray,
+                             estimate: np.ndarray | None = None,
+                             running: np.ndarray | None = None) -> int:
+    """:func:`admissible_prefix` after its quick exit."""
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est, running)
     budget = view.kv_capacity
