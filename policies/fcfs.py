@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from replay.lookahead import start_admissible
+from replay.lookahead import PeakHint, start_admissible
 from replay.policy import Batch, OverflowRule, PolicyView
 
 
@@ -15,6 +15,7 @@ class FCFSLookahead:
     first that fails (no skipping)."""
 
     overflow: OverflowRule
+    hint: PeakHint = field(default_factory=PeakHint, init=False, repr=False)
 
     def decide(self, view: PolicyView) -> Batch:
-        return start_admissible(view, view.waiting)  # the queue is in arrival order
+        return start_admissible(view, view.waiting, self.hint)  # the queue is in arrival order

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replay.lookahead import start_admissible
+from replay.lookahead import PeakHint, start_admissible
 from replay.ordering import KeptOrder
 from replay.policy import Batch, OverflowRule, PolicyView
 
@@ -23,8 +23,10 @@ class MCSF:
 
     overflow: OverflowRule
     kept: KeptOrder = field(default_factory=KeptOrder, init=False, repr=False)
+    hint: PeakHint = field(default_factory=PeakHint, init=False, repr=False)
 
     def decide(self, view: PolicyView) -> Batch:
         if view.waiting.size == 0:
             return Batch(steady=True)
-        return start_admissible(view, self.kept.ordered(view.waiting, view.predicted_output))
+        return start_admissible(view, self.kept.ordered(view.waiting, view.predicted_output),
+                                self.hint)

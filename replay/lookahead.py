@@ -21,6 +21,8 @@ that mode).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from replay.paging import blocks
@@ -40,18 +42,16 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int
     return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
 
 
-def _one_more_fits(base: np.ndarray, remaining: np.ndarray, new_base: int, new_remaining: int,
-                   budget: int, block_size: int) -> bool:
-    """``peak_kv`` of ``(base, remaining)`` plus one request ``(new_base, new_remaining)`` is
-    within ``budget``, without building the joined arrays (the same answer).
+def _peak_with_one_more(base: np.ndarray, remaining: np.ndarray, new_base: int,
+                        new_remaining: int) -> tuple[int, int]:
+    """``peak_kv`` of ``(base, remaining)`` plus one request ``(new_base, new_remaining)``
+    (token-exact, ``base`` not empty), and the checkpoint where it is reached, without
+    building the joined arrays.
 
     In the descending order the newcomer goes after the ties of its ``remaining``: it
     adds ``new_base + c`` at every checkpoint ``c <= new_remaining`` and its own
     checkpoint holds everything still there then (ties counted at the newcomer's own).
     """
-    if block_size > 1 or base.size == 0:
-        return peak_kv(np.append(base, new_base), np.append(remaining, new_remaining),
-                       block_size) <= budget
     order = np.argsort(-remaining, kind="stable")
     remaining = remaining[order]
     cumulative = np.cumsum(base[order])
@@ -61,7 +61,34 @@ def _one_more_fits(base: np.ndarray, remaining: np.ndarray, new_base: int, new_r
     staying = int(np.count_nonzero(remaining >= new_remaining))
     own = (int(cumulative[staying - 1]) if staying else 0) + (staying + 1) * new_remaining \
         + new_base
-    return max(int(joined.max()), own) <= budget
+    highest = int(joined.argmax())
+    if own >= joined[highest]:
+        return own, new_remaining
+    return int(joined[highest]), int(remaining[highest])
+
+
+def kv_at(base: np.ndarray, remaining: np.ndarray, checkpoint: int) -> int:
+    """KV held ``checkpoint`` iterations from now by requests ``(base, remaining)``
+    (token-exact): a lower bound of their ``peak_kv`` at any ``checkpoint >= 1``, because
+    the same requests are still there at the next completion and hold more by then."""
+    alive = remaining >= checkpoint
+    return int(base[alive].sum()) + checkpoint * int(np.count_nonzero(alive))
+
+
+@dataclass
+class PeakHint:
+    """Where a policy's last rejected lookahead check peaked, as an absolute iteration.
+
+    A policy keeps one across steps. A decoding request's KV at a fixed future
+    iteration does not move (each step it holds one more slot and that iteration
+    comes one step nearer), and a request that completes on time never counted
+    there, so the iteration that overflowed at the last step usually still
+    overflows. The KV there is a lower bound of the peak (:func:`kv_at`, one
+    masked sum), and when it already exceeds ``M`` the full check is skipped: the
+    answer is the same with any hint, only the speed depends on it.
+    """
+
+    iteration: int = -1
 
 
 def remaining_iterations(view: PolicyView, ids: np.ndarray, estimate: np.ndarray) -> np.ndarray:
@@ -114,20 +141,44 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     return _longest_feasible_prefix(view, candidates, estimate, running)
 
 
-def start_admissible(view: PolicyView, candidates: np.ndarray) -> Batch:
-    """The batch of a policy that walks ``candidates`` and starts what the lookahead admits.
+def start_admissible(view: PolicyView, candidates: np.ndarray,
+                     hint: PeakHint | None = None) -> Batch:
+    """The batch of a policy that walks ``candidates`` and starts what the lookahead admits
+    (``hint``: the policy's :class:`PeakHint`, for speed only).
 
     When nothing waits, or the first candidate cannot join (:func:`first_cannot_join`),
     that stays so until a request arrives or completes: the batch is ``steady``.
     """
     if candidates.size == 0 or first_cannot_join(view, candidates):
         return Batch(steady=True)
-    return Batch(start=candidates[: _longest_feasible_prefix(view, candidates)])
+    return Batch(start=candidates[: _longest_feasible_prefix(view, candidates, hint=hint)])
+
+
+def _first_fits(view: PolicyView, run_base: np.ndarray, run_rem: np.ndarray, first_id: int,
+                estimate: np.ndarray, hint: PeakHint | None) -> bool:
+    """Whether candidate ``first_id`` can start beside the running set ``(run_base, run_rem)``."""
+    new_base = int(view.prefill_len[first_id])
+    new_remaining = max(int(estimate[first_id]) - int(view.generated[first_id]), 1)
+    budget = view.kv_capacity
+    if view.kv_block_size > 1 or run_base.size == 0:
+        return peak_kv(np.append(run_base, new_base), np.append(run_rem, new_remaining),
+                       view.kv_block_size) <= budget
+    if hint is not None:
+        checkpoint = hint.iteration - view.iteration
+        # Checkpoint 1 is what first_cannot_join has already ruled out.
+        if checkpoint > 1 and kv_at(run_base, run_rem, checkpoint) + (
+                new_base + checkpoint if checkpoint <= new_remaining else 0) > budget:
+            return False
+    peak, checkpoint = _peak_with_one_more(run_base, run_rem, new_base, new_remaining)
+    if hint is not None and peak > budget:
+        hint.iteration = view.iteration + checkpoint
+    return peak <= budget
 
 
 def _longest_feasible_prefix(view: PolicyView, candidates: np.ndarray,
                              estimate: np.ndarray | None = None,
-                             running: np.ndarray | None = None) -> int:
+                             running: np.ndarray | None = None,
+                             hint: PeakHint | None = None) -> int:
     """:func:`admissible_prefix` after its quick exit."""
     est = view.predicted_output if estimate is None else estimate
     run_base, run_rem = running_profile(view, est, running)
@@ -135,10 +186,7 @@ def _longest_feasible_prefix(view: PolicyView, candidates: np.ndarray,
 
     # A full batch usually cannot take even the first candidate: one check answers that
     # before the candidate arrays below are built.
-    first_id = int(candidates[0])
-    if not _one_more_fits(run_base, run_rem, int(view.prefill_len[first_id]),
-                          max(int(est[first_id]) - int(view.generated[first_id]), 1), budget,
-                          view.kv_block_size):
+    if not _first_fits(view, run_base, run_rem, int(candidates[0]), est, hint):
         return 0
     first = int(run_base.sum()) + run_base.size
     # A candidate holds at least two slots after its first iteration (a prompt token and

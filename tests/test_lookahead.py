@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.lookahead import _one_more_fits, admissible_prefix, peak_kv
+from replay import lookahead
+from replay.lookahead import (
+    PeakHint,
+    _peak_with_one_more,
+    admissible_prefix,
+    kv_at,
+    peak_kv,
+    start_admissible,
+)
 from replay.policy import PolicyView
 
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=0, max_size=30)
@@ -28,14 +37,24 @@ def test_peak_equals_round_by_round_maximum(pairs, block_size):
 
 
 @settings(max_examples=300, deadline=None)
-@given(pairs=lengths, new=st.tuples(st.integers(1, 40), st.integers(1, 40)),
-       block_size=st.sampled_from([1, 1, 1, 4]))
-def test_the_one_candidate_check_answers_like_the_joined_peak(pairs, new, block_size):
+@given(pairs=lengths.filter(len), new=st.tuples(st.integers(1, 40), st.integers(1, 40)))
+def test_the_one_candidate_peak_equals_the_joined_peak_and_says_where(pairs, new):
     base = np.array([b for b, _ in pairs], dtype=np.int64)
     remaining = np.array([r for _, r in pairs], dtype=np.int64)
-    joined = peak_kv(np.append(base, new[0]), np.append(remaining, new[1]), block_size)
-    assert _one_more_fits(base, remaining, *new, joined, block_size)
-    assert not _one_more_fits(base, remaining, *new, joined - 1, block_size)
+    joined_base, joined_rem = np.append(base, new[0]), np.append(remaining, new[1])
+    peak, checkpoint = _peak_with_one_more(base, remaining, *new)
+    assert peak == peak_kv(joined_base, joined_rem)
+    assert kv_at(joined_base, joined_rem, checkpoint) == peak
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=lengths, checkpoint=st.integers(1, 45))
+def test_the_kv_at_any_checkpoint_is_a_lower_bound_of_the_peak(pairs, checkpoint):
+    base = np.array([b for b, _ in pairs], dtype=np.int64)
+    remaining = np.array([r for _, r in pairs], dtype=np.int64)
+    held = kv_at(base, remaining, checkpoint)
+    assert held == int(((base + checkpoint) * (remaining >= checkpoint)).sum())
+    assert held <= brute_peak(base, remaining)
 
 
 def make_view(kv, prompt, output, generated, running, waiting) -> PolicyView:
@@ -54,9 +73,8 @@ def make_view(kv, prompt, output, generated, running, waiting) -> PolicyView:
                       waiting=arr(waiting, dtype=np.int64), running=arr(running, dtype=np.int64))
 
 
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_admissible_prefix_equals_walk_and_stop(data):
+def draw_view(data) -> tuple[PolicyView, list[int], list[int], list[int], list[int]]:
+    """A random token-exact view, with its prompts, outputs, generated counts and queue."""
     n = data.draw(st.integers(1, 25))
     kv = data.draw(st.integers(10, 300))
     prompt = data.draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
@@ -66,16 +84,53 @@ def test_admissible_prefix_equals_walk_and_stop(data):
                  for o, r in zip(output, is_running, strict=True)]
     running = [i for i in range(n) if is_running[i]]
     waiting = data.draw(st.permutations([i for i in range(n) if not is_running[i]]))
-    view = make_view(kv, prompt, output, generated, running, waiting)
+    return make_view(kv, prompt, output, generated, running, waiting), prompt, output, \
+        generated, waiting
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_admissible_prefix_equals_walk_and_stop(data):
+    view, prompt, output, generated, waiting = draw_view(data)
+    running = view.running.tolist()
     base = np.array([prompt[j] + generated[j] for j in running], dtype=np.int64)
     rem = np.array([max(output[j] - generated[j], 1) for j in running], dtype=np.int64)
     expected = 0
     for i in waiting:
         base, rem = np.append(base, prompt[i]), np.append(rem, output[i])
-        if peak_kv(base, rem) > kv:
+        if peak_kv(base, rem) > view.kv_capacity:
             break
         expected += 1
     assert admissible_prefix(view, np.asarray(waiting, dtype=np.int64)) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_peak_hint_never_changes_the_batch(data):
+    view = draw_view(data)[0]
+    view.iteration = data.draw(st.integers(0, 5))
+    plain = start_admissible(view, view.waiting)
+    for hinted in range(-2, 45):  # every checkpoint the drawn lengths can reach, and more
+        with_hint = start_admissible(view, view.waiting, PeakHint(hinted))
+        assert np.array_equal(with_hint.start, plain.start) and with_hint.steady == plain.steady
+
+
+def test_a_rejection_remembers_where_it_peaked_and_the_next_step_looks_there_first(monkeypatch):
+    # Running request 1 (s=1, o=12, 2 generated) holds 3 + c at c iterations from now;
+    # waiting request 0 (s=4, o=10, kept 6 tokens) would hold 10 + c until c = 4. Both
+    # hold 7 + 14 = 21 > 20 at c = 4, the peak: iteration 3 + 4 = 7.
+    view = make_view(20, [4, 1], [10, 12], [6, 2], [1], [0])
+    view.iteration = 3
+    hint = PeakHint()
+    assert start_admissible(view, view.waiting, hint).start.size == 0
+    assert hint.iteration == 7
+
+    def full_check(*args):
+        raise AssertionError("the hint should have answered")
+    monkeypatch.setattr(lookahead, "_peak_with_one_more", full_check)
+    assert start_admissible(view, view.waiting, hint).start.size == 0
+    with pytest.raises(AssertionError, match="the hint"):
+        start_admissible(view, view.waiting, PeakHint())
 
 
 def test_a_request_that_kept_tokens_is_checked_with_them():
