@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from replay.lookahead import PeakHint, start_admissible
 from replay.ordering import KeptOrder
-from replay.policy import Batch, OverflowRule, PolicyView
+from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 
 @dataclass
@@ -27,6 +27,6 @@ class MCSF:
 
     def decide(self, view: PolicyView) -> Batch:
         if view.waiting.size == 0:
-            return Batch(steady=True)
+            return Batch(steady_steps=UNTIL_CHANGE)
         return start_admissible(view, self.kept.ordered(view.waiting, view.predicted_output),
                                 self.hint)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.paging import blocks, check_serving_limits, preempt_latest_until_fit
-from replay.policy import Batch, OverflowRule, PolicyView
+from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 
 @dataclass
@@ -86,7 +86,8 @@ class SarathiLike:
         # shrink until a completion, so the queue head stays out (see _ChunkPlan._chunk).
         return Batch(start=np.asarray(plan.started, dtype=np.int64), advance=advance,
                      preempt=preempted, prefill_chunks=plan.chunks,
-                     steady=not plan.started and prefilling.size == 0 and preempted.size == 0)
+                     steady_steps=UNTIL_CHANGE if not plan.started and prefilling.size == 0
+                     and preempted.size == 0 else 0)
 
 
 class _ChunkPlan:

@@ -32,7 +32,7 @@ import numpy as np
 
 from replay.errors import ConfigError
 from replay.paging import blocks, check_serving_limits, preempt_latest_until_fit
-from replay.policy import Batch, OverflowRule, PolicyView
+from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -61,7 +61,8 @@ class VLLMLike:
         keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
         # Steady: without arrivals or completions the queue head stays too big for the free
         # blocks (they only shrink), so only the preemption test can change the decision.
-        return Batch(advance=running[keep], preempt=running[~keep], steady=bool(keep.all()))
+        return Batch(advance=running[keep], preempt=running[~keep],
+                     steady_steps=UNTIL_CHANGE if keep.all() else 0)
 
     def admit(self, view: PolicyView, free_blocks: int) -> np.ndarray:
         """The prefix of the waiting queue that the three admission limits allow."""

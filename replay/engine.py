@@ -277,7 +277,7 @@ class Engine:
 
     def _fast_forward(self, members: np.ndarray, now: float, next_arrival: float,
                       rows: list[tuple], max_steps: int) -> tuple[int, float, float]:
-        """Execute the decode steps that follow a ``steady`` decision without asking the policy.
+        """Execute the decode steps that follow a steady decision without asking the policy.
 
         ``members`` (the whole running set) just decoded. The same step repeats
         until the next one would start at or after ``next_arrival``, complete a
@@ -522,11 +522,12 @@ class Engine:
                          int(kv_peak), self.kv_held, finished.size, n_evicted, False))
             now = end
             iteration += 1
-            if (batch.steady and fast_forward and emits is None and start.size == 0
+            if (batch.steady_steps > 0 and fast_forward and emits is None and start.size == 0
                     and n_evicted == 0 and finished.size == 0
                     and members.size == self.running.size):
-                # The stretch stops where the loop's own checks would stop the run.
-                room = self.livelock_window - idle_steps + 1
+                # The stretch stops where the promise ends or the loop's own checks would
+                # stop the run.
+                room = min(batch.steady_steps, self.livelock_window - idle_steps + 1)
                 if self.max_steps is not None:
                     room = min(room, self.max_steps - steps)
                 skipped, now, priced_s = self._fast_forward(members, now, float(next_arrival),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.paging import blocks
-from replay.policy import Batch, PolicyView
+from replay.policy import UNTIL_CHANGE, Batch, PolicyView
 
 
 def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int:
@@ -120,7 +120,8 @@ def first_cannot_join(view: PolicyView, candidates: np.ndarray) -> bool:
     checkpoint (each holds at most ``s + generated`` slots, and grows by one),
     so then no prefix can start. While the running set only decodes (no
     arrival, start or completion) its KV only grows, so the answer stays true:
-    a policy that starts nothing for this reason may declare ``Batch.steady``.
+    a policy that starts nothing for this reason may promise ``UNTIL_CHANGE``
+    (``Batch.steady_steps``).
     """
     return (view.kv_held + view.running.size + int(view.prefill_len[candidates[0]]) + 1
             > view.kv_capacity)
@@ -138,7 +139,11 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
     """
     if candidates.size == 0 or (running is None and first_cannot_join(view, candidates)):
         return 0
-    return _longest_feasible_prefix(view, candidates, estimate, running)
+    est = view.predicted_output if estimate is None else estimate
+    run_base, run_rem = running_profile(view, est, running)
+    if _first_rejection(view, run_base, run_rem, int(candidates[0]), est) is not None:
+        return 0
+    return _prefix_after_first(view, candidates, run_base, run_rem, est)
 
 
 def start_admissible(view: PolicyView, candidates: np.ndarray,
@@ -147,47 +152,61 @@ def start_admissible(view: PolicyView, candidates: np.ndarray,
     (``hint``: the policy's :class:`PeakHint`, for speed only).
 
     When nothing waits, or the first candidate cannot join (:func:`first_cannot_join`),
-    that stays so until a request arrives or completes: the batch is ``steady``.
+    that stays so until a request arrives or completes. When the first candidate fails
+    the full check, that stays so for as many steps as :func:`_first_rejection` can
+    prove. Either way the batch says so in ``steady_steps``.
     """
     if candidates.size == 0 or first_cannot_join(view, candidates):
-        return Batch(steady=True)
-    return Batch(start=candidates[: _longest_feasible_prefix(view, candidates, hint=hint)])
+        return Batch(steady_steps=UNTIL_CHANGE)
+    run_base, run_rem = running_profile(view)
+    est = view.predicted_output
+    rejected_for = _first_rejection(view, run_base, run_rem, int(candidates[0]), est, hint)
+    if rejected_for is not None:
+        return Batch(steady_steps=rejected_for)
+    return Batch(start=candidates[: _prefix_after_first(view, candidates, run_base, run_rem,
+                                                        est)])
 
 
-def _first_fits(view: PolicyView, run_base: np.ndarray, run_rem: np.ndarray, first_id: int,
-                estimate: np.ndarray, hint: PeakHint | None) -> bool:
-    """Whether candidate ``first_id`` can start beside the running set ``(run_base, run_rem)``."""
+def _first_rejection(view: PolicyView, run_base: np.ndarray, run_rem: np.ndarray,
+                     first_id: int, estimate: np.ndarray, hint: PeakHint | None = None
+                     ) -> int | None:
+    """``None`` if candidate ``first_id`` can start beside the running set
+    ``(run_base, run_rem)``; otherwise for how many following steps it provably still
+    cannot, while the running set only decodes (no arrival, start or completion).
+
+    Token-exact, that count comes from a checkpoint ``c`` where the joined KV exceeds
+    ``M`` by ``excess``: there the running set's KV stays put (see :class:`PeakHint`)
+    and the candidate, starting a step later, holds one slot less (or is not there
+    yet, and holds more when it is), so the KV there drops by at most one per step.
+    It stays above ``M`` for ``excess - 1`` more steps, while ``c`` is still ahead.
+    """
     new_base = int(view.prefill_len[first_id])
     new_remaining = max(int(estimate[first_id]) - int(view.generated[first_id]), 1)
     budget = view.kv_capacity
     if view.kv_block_size > 1 or run_base.size == 0:
-        return peak_kv(np.append(run_base, new_base), np.append(run_rem, new_remaining),
-                       view.kv_block_size) <= budget
+        peak = peak_kv(np.append(run_base, new_base), np.append(run_rem, new_remaining),
+                       view.kv_block_size)
+        return None if peak <= budget else 0
     if hint is not None:
         checkpoint = hint.iteration - view.iteration
         # Checkpoint 1 is what first_cannot_join has already ruled out.
-        if checkpoint > 1 and kv_at(run_base, run_rem, checkpoint) + (
-                new_base + checkpoint if checkpoint <= new_remaining else 0) > budget:
-            return False
+        if checkpoint > 1:
+            excess = kv_at(run_base, run_rem, checkpoint) - budget + (
+                new_base + checkpoint if checkpoint <= new_remaining else 0)
+            if excess > 0:
+                return min(excess, checkpoint) - 1
     peak, checkpoint = _peak_with_one_more(run_base, run_rem, new_base, new_remaining)
-    if hint is not None and peak > budget:
+    if peak <= budget:
+        return None
+    if hint is not None:
         hint.iteration = view.iteration + checkpoint
-    return peak <= budget
+    return min(peak - budget, checkpoint) - 1
 
 
-def _longest_feasible_prefix(view: PolicyView, candidates: np.ndarray,
-                             estimate: np.ndarray | None = None,
-                             running: np.ndarray | None = None,
-                             hint: PeakHint | None = None) -> int:
-    """:func:`admissible_prefix` after its quick exit."""
-    est = view.predicted_output if estimate is None else estimate
-    run_base, run_rem = running_profile(view, est, running)
+def _prefix_after_first(view: PolicyView, candidates: np.ndarray, run_base: np.ndarray,
+                        run_rem: np.ndarray, estimate: np.ndarray) -> int:
+    """:func:`admissible_prefix` once its first candidate is known to fit."""
     budget = view.kv_capacity
-
-    # A full batch usually cannot take even the first candidate: one check answers that
-    # before the candidate arrays below are built.
-    if not _first_fits(view, run_base, run_rem, int(candidates[0]), est, hint):
-        return 0
     first = int(run_base.sum()) + run_base.size
     # A candidate holds at least two slots after its first iteration (a prompt token and
     # the token it emits), so at most (budget - first) // 2 can start: only that many of a
@@ -195,7 +214,7 @@ def _longest_feasible_prefix(view: PolicyView, candidates: np.ndarray,
     candidates = candidates[: max(0, (budget - first) // 2) + 1]
     # A waiting request that kept tokens (recompute preemption) re-prefills them.
     cand_base = view.prefill_len[candidates]
-    cand_rem = remaining_iterations(view, candidates, est)
+    cand_rem = remaining_iterations(view, candidates, estimate)
     # Necessary condition at the first checkpoint bounds the prefix length.
     upper = int(np.searchsorted(np.cumsum(cand_base + 1), budget - first, side="right"))
     if upper <= 1:

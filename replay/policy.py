@@ -23,6 +23,8 @@ from typing import Protocol
 import numpy as np
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+#: ``Batch.steady_steps`` of a decision that repeats until a request arrives or completes.
+UNTIL_CHANGE = 2 ** 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +38,14 @@ class Batch:
     they lose their progress and KV and return to the waiting queue).
     ``prefill_chunks``: for requests that are prefilling this iteration, the
     prompt tokens each processes (default: all of its remaining prompt).
-    ``steady``: a promise about the following steps, read only when the
+    ``steady_steps``: a promise about the following steps, read only when the
     decision is a pure decode step (every running request decodes, nothing
-    starts or is preempted): that ``decide`` would return the same decision
-    at every following step until a request arrives or completes, or the
-    running set's next step would exceed the KV capacity. The engine then
-    executes that stretch without calling ``decide`` (see
+    starts or is preempted): that at each of the next ``steady_steps`` steps
+    ``decide`` would return the same decision again (the same requests and
+    parts; the promise it comes with may differ), unless a request arrives or
+    completes first or the running set's next step would exceed the KV
+    capacity. :data:`UNTIL_CHANGE` promises it with no bound. The engine
+    executes such a stretch without calling ``decide`` (see
     ``Engine._fast_forward``), with results identical to calling it. Promise it
     only where the decision provably repeats and does not draw from ``rng``.
     """
@@ -50,7 +54,7 @@ class Batch:
     advance: np.ndarray | None = None
     preempt: np.ndarray = field(default_factory=lambda: _EMPTY)
     prefill_chunks: Mapping[int, int] | None = None
-    steady: bool = False
+    steady_steps: int = 0
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Fast-forwarding steady decode stretches (``Batch.steady``) changes speed, never results."""
+"""Fast-forwarding steady decode stretches (``Batch.steady_steps``) changes speed, never results."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
 from replay.histogram import LogHistogram
 from replay.overflow import ClearAll, EvictLIFO
-from replay.policy import Batch
+from replay.policy import UNTIL_CHANGE, Batch
 from replay.timing import LinearTiming, UnitTiming
 from replay.timing.base import BatchShape
 from tests.conftest import replay
@@ -106,7 +106,7 @@ class _SteadyLiar:
         self.calls += 1
         if view.waiting.size:
             return Batch(start=view.waiting)
-        return Batch(steady=True)
+        return Batch(steady_steps=UNTIL_CHANGE)
 
 
 def test_the_engine_trusts_the_promise_only_for_pure_decode_steps():

@@ -45,7 +45,7 @@ class TimingBackend(Protocol):
     ``context_sum`` (largest ``context_max``) and grow by one token each per
     iteration, each exactly what :meth:`duration` returns for that shape. It
     may return a shorter prefix (e.g. up to the edge of a profile). The engine
-    uses it to price a steady stretch at once (see ``Batch.steady``); without
+    uses it to price a steady stretch at once (see ``Batch.steady_steps``); without
     it every iteration is priced on its own.
     """
 
