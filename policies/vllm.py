@@ -59,10 +59,12 @@ class VLLMLike:
         if admitted.size:
             return Batch(start=admitted, advance=_EMPTY)
         keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
-        # Steady: without arrivals or completions the queue head stays too big for the free
-        # blocks (they only shrink), so only the preemption test can change the decision.
-        return Batch(advance=running[keep], preempt=running[~keep],
-                     steady_steps=UNTIL_CHANGE if keep.all() else 0)
+        if keep.all():
+            # Steady: without arrivals or completions the queue head stays too big for the
+            # free blocks (they only shrink), so only the preemption test can change this.
+            # advance=None (all running) spares the engine validating the ids.
+            return Batch(steady_steps=UNTIL_CHANGE)
+        return Batch(advance=running[keep], preempt=running[~keep])
 
     def admit(self, view: PolicyView, free_blocks: int) -> np.ndarray:
         """The prefix of the waiting queue that the three admission limits allow."""
