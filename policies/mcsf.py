@@ -26,7 +26,7 @@ class MCSF:
     hint: PeakHint = field(default_factory=PeakHint, init=False, repr=False)
 
     def decide(self, view: PolicyView) -> Batch:
-        if view.waiting.size == 0:
+        if view.waiting.size == 0:  # start_admissible says the same, but skip the ordering
             return Batch(steady_steps=UNTIL_CHANGE)
         return start_admissible(view, self.kept.ordered(view.waiting, view.predicted_output),
                                 self.hint)

@@ -522,12 +522,18 @@ class Engine:
                          int(kv_peak), self.kv_held, finished.size, n_evicted, False))
             now = end
             iteration += 1
-            if (batch.steady_steps > 0 and fast_forward and emits is None and start.size == 0
+            promised = batch.steady_steps
+            if (promised and fast_forward and emits is None and start.size == 0
                     and n_evicted == 0 and finished.size == 0
                     and members.size == self.running.size):
+                if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
+                        promised, int | np.integer) or promised < 0):
+                    raise DecisionError(
+                        f"{type(self.policy).__name__}: steady_steps must be a whole number of "
+                        f"steps >= 0 (UNTIL_CHANGE for no bound), got {promised!r}")
                 # The stretch stops where the promise ends or the loop's own checks would
                 # stop the run.
-                room = min(batch.steady_steps, self.livelock_window - idle_steps + 1)
+                room = min(int(promised), self.livelock_window - idle_steps + 1)
                 if self.max_steps is not None:
                     room = min(room, self.max_steps - steps)
                 skipped, now, priced_s = self._fast_forward(members, now, float(next_arrival),

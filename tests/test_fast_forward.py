@@ -12,6 +12,7 @@ from policies.mcsf import MCSF
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
+from replay.engine import DecisionError
 from replay.histogram import LogHistogram
 from replay.overflow import ClearAll, EvictLIFO
 from replay.policy import UNTIL_CHANGE, Batch
@@ -115,6 +116,26 @@ def test_the_engine_trusts_the_promise_only_for_pure_decode_steps():
     result = replay([4, 4], [6, 6], policy, 100, arrival=[0.0, 2.0])
     assert result.status == "completed"
     assert policy.calls == result.decisions < len(result.iterations)
+
+
+class _VaguePromise:
+    """Starts what waits, then promises a number of steps that is not a whole number."""
+
+    overflow = EvictLIFO()
+
+    def __init__(self, promise):
+        self.promise = promise
+
+    def decide(self, view):
+        if view.waiting.size:
+            return Batch(start=view.waiting)
+        return Batch(steady_steps=self.promise)
+
+
+@pytest.mark.parametrize("promise", [True, 2.5, "3", -1])
+def test_a_promise_that_is_not_a_step_count_is_a_clear_error(promise):
+    with pytest.raises(DecisionError, match=r"_VaguePromise: steady_steps must be a whole"):
+        replay([4], [6], _VaguePromise(promise), 100)
 
 
 def test_the_switch_is_a_validated_config_value():
