@@ -181,6 +181,7 @@ def _first_rejection(view: PolicyView, run_base: np.ndarray, run_rem: np.ndarray
     It stays above ``M`` for ``excess - 1`` more steps, while ``c`` is still ahead.
     """
     new_base = int(view.prefill_len[first_id])
+    # remaining_iterations for one request, without the arrays.
     new_remaining = max(int(estimate[first_id]) - int(view.generated[first_id]), 1)
     budget = view.kv_capacity
     if view.kv_block_size > 1 or run_base.size == 0:
