@@ -31,8 +31,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.paging import blocks, check_serving_limits, preempt_latest_until_fit
+from replay.paging import (
+    BlockGrowth,
+    blocks,
+    check_serving_limits,
+    preempt_latest_until_fit,
+)
 from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+
+#: How far ahead a decision with reserved prompt chunks is checked for repeating (a longer
+#: promise saves little: a decision every 256 steps is cheap).
+_STEADY_HORIZON = 256
 
 
 @dataclass
@@ -80,14 +89,48 @@ class SarathiLike:
                                             == 0):
                 break
             seats -= 1
-        advance = np.concatenate((decodes, np.fromiter(
-            (r for r in prefilling if r in plan.chunks), dtype=np.int64)))
-        # Steady when every running request decodes and nothing starts: the free blocks only
-        # shrink until a completion, so the queue head stays out (see _ChunkPlan._chunk).
-        return Batch(start=np.asarray(plan.started, dtype=np.int64), advance=advance,
-                     preempt=preempted, prefill_chunks=plan.chunks,
-                     steady_steps=UNTIL_CHANGE if not plan.started and prefilling.size == 0
-                     and preempted.size == 0 else 0)
+        chunked = np.fromiter((r for r in prefilling if r in plan.chunks), dtype=np.int64)
+        if plan.started or preempted.size:
+            steady = 0
+        elif prefilling.size == 0:
+            # Every running request decodes and nothing starts: the free blocks only shrink
+            # until a completion, so the queue head stays out (see _ChunkPlan._chunk).
+            steady = UNTIL_CHANGE
+        else:
+            steady = self._steady_chunk_steps(view, decodes, prefilling, chunked, plan.chunks)
+        return Batch(start=np.asarray(plan.started, dtype=np.int64),
+                     advance=np.concatenate((decodes, chunked)), preempt=preempted,
+                     prefill_chunks=plan.chunks, steady_steps=steady)
+
+    def _steady_chunk_steps(self, view: PolicyView, decodes: np.ndarray,
+                            prefilling: np.ndarray, chunked: np.ndarray,
+                            chunks: dict[int, int]) -> int:
+        """For how many more steps a decision of decodes and prompt chunks repeats.
+
+        While no chunk is its prompt's last (the engine stops a stretch before one is),
+        the chunks get the same token budget and the free blocks only shrink, so
+        nothing that waits or is paused gets a chunk. Without reservation a chunk keeps its size
+        exactly while the step fits the KV capacity, which the engine checks; with it,
+        the reserved prompts and the growing decodes must also fit, or the latest
+        running request is preempted: counted from the blocks they occupy at each step
+        ahead, as :meth:`decide` counts them.
+        """
+        if not chunked.size:
+            return 0
+        if not self.reserve_prompt:
+            return UNTIL_CHANGE
+        chunk = np.fromiter((chunks[r] for r in chunked), dtype=np.int64, count=chunked.size)
+        left = view.prefill_len[chunked] - view.prefilled[chunked] - chunk
+        horizon = min(int(((left - 1) // chunk).min()), _STEADY_HORIZON)
+        if horizon <= 0:
+            return 0
+        block = view.kv_block_size
+        decoding = view.held[decodes] + 1
+        occupied = (int(blocks(decoding, block).sum())
+                    + BlockGrowth(decoding, block)(np.arange(1, horizon + 1))
+                    + int(blocks(view.prefill_len[prefilling] + 1, block).sum()))
+        fits = occupied <= view.kv_capacity // block
+        return horizon if fits.all() else int(np.argmin(fits))
 
 
 class _ChunkPlan:

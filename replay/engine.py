@@ -35,30 +35,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
 from replay.histogram import LogHistogram
+from replay.iteration_log import IterationLog
 from replay.kv import KVCapacity
-from replay.paging import blocks
+from replay.paging import BlockGrowth, blocks
 from replay.policy import Batch, Policy, PolicyView
 from replay.requests import Requests
-from replay.timing.base import BatchShape, TimingBackend
+from replay.timing.base import BatchShape, Stretch, TimingBackend
 from replay.validate import check_value
 from replay.waiting import WaitingQueue
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
 _EMPTY = np.zeros(0, dtype=np.int64)
-#: The per-iteration table (one row per step, failed attempts included).
-ITERATION_DTYPES = {
-    "start_time": np.float64, "duration": np.float64, "batch_size": np.int64,
-    "n_started": np.int64, "prefill_tokens": np.int64, "decode_requests": np.int64,
-    "kv_peak": np.int64, "kv_after": np.int64, "n_completed": np.int64, "n_evicted": np.int64,
-    "failed": bool}
-ITERATION_COLUMNS = list(ITERATION_DTYPES)
 
 
 class DecisionError(RuntimeError):
@@ -275,43 +268,59 @@ class Engine:
         chunk[k] = tokens
         return chunk
 
-    def _fast_forward(self, members: np.ndarray, now: float, next_arrival: float,
-                      rows: list[tuple], max_steps: int) -> tuple[int, float, float]:
-        """Execute the decode steps that follow a steady decision without asking the policy.
+    def _fast_forward(self, members: np.ndarray, chunk: np.ndarray, now: float,
+                      next_arrival: float, log: IterationLog, max_steps: int
+                      ) -> tuple[int, float, float]:
+        """Repeat the batch just executed without asking the policy (a steady stretch).
 
-        ``members`` (the whole running set) just decoded. The same step repeats
-        until the next one would start at or after ``next_arrival``, complete a
-        request, exceed the KV capacity, leave the timing backend's exact range
-        or pass ``max_steps``; the step loop takes over there. Results are those
-        of the step loop: durations are priced per step (vectorised), start
-        times are the same running float sum (``cumsum`` adds in order), and
+        ``members`` just decoded, except those with a prompt ``chunk`` (> 0), which
+        took a chunk that was not their prompt's last. The same step repeats (each
+        decode emits a token, each chunk member takes the same chunk) until the next
+        one would start at or after ``next_arrival``, complete a request, take the
+        last chunk of a prompt, exceed the KV capacity, leave the timing backend's
+        exact range or pass ``max_steps``; the step loop takes over there. Results
+        are those of the step loop: durations are priced per step (vectorised),
+        start times are the same running float sum (``cumsum`` adds in order), and
         the token gaps reach the histogram in the same order.
         Returns ``(steps executed, time after them, seconds spent pricing)``.
         """
-        held = self.held[members]
-        max_steps = min(max_steps, int((self.output_len[members]
-                                        - self.generated[members]).min()) - 1)
+        prefilling = chunk > 0
+        if prefilling.any():
+            decoders, chunkers, chunk = members[~prefilling], members[prefilling], chunk[prefilling]
+            # A chunk repeats while it is shorter than what remains of the prompt.
+            left = self.prefill_len[chunkers] - self.prefilled[chunkers]
+            max_steps = min(max_steps, int(((left - 1) // chunk).min()))
+        else:
+            decoders, chunkers, chunk = members, _EMPTY, _EMPTY
+        if decoders.size:
+            max_steps = min(max_steps, int((self.output_len[decoders]
+                                            - self.generated[decoders]).min()) - 1)
         if max_steps <= 0:
             return 0, now, 0.0
-        size, block, capacity = members.size, self.kv.block_size, self.kv.tokens
-        context_sum, context_max = int(held.sum()), int(held.max())
-        if block > 1:
-            # A request r slots into its last block (minus one) gains (r + j) // block blocks
-            # over the next j steps, so the peak is one small matrix product per stretch.
-            slots_in_block = np.bincount((held - 1) % block, minlength=block)
+        held, chunk_held = self.held[decoders], self.held[chunkers]
+        n_decode, block, capacity = decoders.size, self.kv.block_size, self.kv.tokens
+        chunk_total = int(chunk.sum())
+        gain = n_decode + chunk_total  # slots the batch writes per step
+        context_sum = int(held.sum()) if n_decode else 0
+        context_max = int(held.max()) if n_decode else 0
         kv_before, blocks_before = self.kv_held, self.blocks_held
+        if block > 1:
+            decode_growth = BlockGrowth(held, block)
         done, per_call, priced_s, longest_gap = 0, 32, 0.0, 0.0
         while done < max_steps:
             steps = min(per_call, max_steps - done)
             priced = time.perf_counter()
-            durations = self.timing.decode_durations(size, context_sum + done * size,
-                                                     context_max + done, steps)
+            durations = self.timing.stretch_durations(Stretch(
+                n_decode, context_sum + done * n_decode, context_max + done, chunk,
+                chunk_held + done * chunk), steps)
             priced_s += time.perf_counter() - priced
             j = np.arange(done + 1, done + durations.size + 1, dtype=np.int64)
-            kv_after = kv_before + size * j
+            kv_after = kv_before + gain * j
             if block > 1:
-                peak_blocks = blocks_before + (
-                    (j[:, None] + np.arange(block)) // block) @ slots_in_block
+                peak_blocks = blocks_before + decode_growth(j)
+                if chunk.size:
+                    peak_blocks += (blocks(chunk_held + j[:, None] * chunk, block)
+                                    - blocks(chunk_held, block)).sum(axis=1)
                 kv_peak = peak_blocks * block
             else:
                 kv_peak = kv_after
@@ -320,14 +329,12 @@ class Engine:
                        int(np.searchsorted(clock[:-1], next_arrival, side="left")))
             if take:
                 starts, ends = clock[:take], clock[1:take + 1]
-                gaps = ends - starts
-                rows.extend(zip(starts.tolist(), durations[:take].tolist(), repeat(size, take),
-                                repeat(0, take), repeat(0, take), repeat(size, take),
-                                kv_peak[:take].tolist(), kv_after[:take].tolist(),
-                                repeat(0, take), repeat(0, take), repeat(False, take),
-                                strict=True))
-                self.token_gaps.add_repeated(gaps, size)
-                longest_gap = max(longest_gap, float(gaps.max()))
+                log.extend_stretch(starts, durations[:take], members.size, chunk_total,
+                                   n_decode, kv_peak[:take], kv_after[:take])
+                if n_decode:
+                    gaps = ends - starts
+                    self.token_gaps.add_repeated(gaps, n_decode)
+                    longest_gap = max(longest_gap, float(gaps.max()))
                 now = float(ends[-1])
                 done += take
                 if block > 1:
@@ -336,11 +343,13 @@ class Engine:
                 break
             per_call *= 4  # a long stretch is priced in few calls
         if done:
-            self.generated[members] += done
-            self.held[members] += done
-            self.kv_held = kv_before + size * done
-            self.last_token_time[members] = now
-            self.max_token_gap[members] = np.fmax(self.max_token_gap[members], longest_gap)
+            self.generated[decoders] += done
+            self.held[decoders] += done
+            self.prefilled[chunkers] += done * chunk
+            self.held[chunkers] += done * chunk
+            self.kv_held = kv_before + gain * done
+            self.last_token_time[decoders] = now
+            self.max_token_gap[decoders] = np.fmax(self.max_token_gap[decoders], longest_gap)
         return done, now, priced_s
 
     # --------------------------------------------------------------------- run
@@ -359,11 +368,11 @@ class Engine:
             generated=_frozen(self.generated), held=_frozen(self.held),
             start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
             kv_block_size=block, prefill_len=_frozen(self.prefill_len))
-        rows: list[tuple] = []  # one per step, in ITERATION_COLUMNS order
+        log = IterationLog()
         now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
         decision_time = timing_time = 0.0
         decisions = 0
-        fast_forward = self.fast_forward and hasattr(self.timing, "decode_durations")
+        fast_forward = self.fast_forward and hasattr(self.timing, "stretch_durations")
         status, message = "completed", ""
         bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
 
@@ -466,7 +475,7 @@ class Engine:
                     raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
                                         f"a request that holds no KV in this batch")
                 n_evicted += self._evict(victims)
-                rows.append((now, duration, members.size, start.size, prefill_total, n_decode,
+                log.append((now, duration, members.size, start.size, prefill_total, n_decode,
                              int(kv_peak), self.kv_held, 0, n_evicted, True))
                 now += duration
                 idle_steps += 1
@@ -518,14 +527,13 @@ class Engine:
                 bar.update(int(finished.size))
             else:
                 idle_steps += 1
-            rows.append((now, duration, members.size, start.size, prefill_total, n_decode,
+            log.append((now, duration, members.size, start.size, prefill_total, n_decode,
                          int(kv_peak), self.kv_held, finished.size, n_evicted, False))
             now = end
             iteration += 1
             promised = batch.steady_steps
-            if (promised and fast_forward and emits is None and start.size == 0
-                    and n_evicted == 0 and finished.size == 0
-                    and members.size == self.running.size):
+            if (promised and fast_forward and start.size == 0 and n_evicted == 0
+                    and finished.size == 0 and emitters.size == n_decode):
                 if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
                         promised, int | np.integer) or promised < 0):
                     raise DecisionError(
@@ -536,19 +544,17 @@ class Engine:
                 room = min(int(promised), self.livelock_window - idle_steps + 1)
                 if self.max_steps is not None:
                     room = min(room, self.max_steps - steps)
-                skipped, now, priced_s = self._fast_forward(members, now, float(next_arrival),
-                                                            rows, room)
+                skipped, now, priced_s = self._fast_forward(members, chunk, now,
+                                                            float(next_arrival), log, room)
                 steps += skipped
                 iteration += skipped
                 idle_steps += skipped
                 timing_time += priced_s
         loop_time = time.perf_counter() - loop_started
         bar.close()
-        iterations = pd.DataFrame.from_records(rows, columns=ITERATION_COLUMNS)
-        return RunResult(status, message, self._request_table(), iterations.astype(
-                             ITERATION_DTYPES), self.kv, self.livelock_window, decision_time,
-                         self.preemption, self.requeue, self.token_gaps,
-                         timing_time_s=timing_time,
+        return RunResult(status, message, self._request_table(), log.frame(), self.kv,
+                         self.livelock_window, decision_time, self.preemption, self.requeue,
+                         self.token_gaps, timing_time_s=timing_time,
                          loop_time_s=loop_time, decisions=decisions)
 
     def _request_table(self) -> pd.DataFrame:

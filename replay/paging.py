@@ -19,6 +19,24 @@ def blocks(tokens, block_size: int):
     return -(-np.asarray(tokens) // block_size)
 
 
+class BlockGrowth:
+    """Blocks that requests holding ``held`` slots gain in total once each holds ``j`` slots
+    more: ``sum(blocks(held + j) - blocks(held))``, for an array of ``j`` at once.
+
+    A request gains ``j // block_size`` blocks, plus one if its last block has fewer than
+    ``j % block_size`` slots free; so a count of requests by free slots answers any ``j``.
+    """
+
+    def __init__(self, held: np.ndarray, block_size: int) -> None:
+        self.requests, self.block_size = held.size, block_size
+        used = np.bincount((held - 1) % block_size, minlength=block_size)  # slots used - 1
+        # fuller[m]: requests with fewer than m free slots in their last block.
+        self.fuller = np.concatenate(([0], np.cumsum(used[::-1])[:-1]))
+
+    def __call__(self, j: np.ndarray) -> np.ndarray:
+        return self.requests * (j // self.block_size) + self.fuller[j % self.block_size]
+
+
 def preempt_latest_until_fit(ids: np.ndarray, blocks_after: np.ndarray,
                              capacity_blocks: int) -> np.ndarray:
     """Which of ``ids`` to keep so that their ``blocks_after`` fit ``capacity_blocks``.

@@ -38,12 +38,13 @@ class Batch:
     they lose their progress and KV and return to the waiting queue).
     ``prefill_chunks``: for requests that are prefilling this iteration, the
     prompt tokens each processes (default: all of its remaining prompt).
-    ``steady_steps``: a promise about the following steps, read only when the
-    decision is a pure decode step (every running request decodes, nothing
-    starts or is preempted): that at each of the next ``steady_steps`` steps
-    ``decide`` would return the same decision again (the same requests and
-    parts; the promise it comes with may differ), unless a request arrives or
-    completes first or the running set's next step would exceed the KV
+    ``steady_steps``: a promise about the following steps, read only when
+    nothing starts or is preempted and no prompt is finished by the decision
+    (every member decodes or takes a prompt chunk that is not its last): that
+    at each of the next ``steady_steps`` steps ``decide`` would return the same
+    decision again (the same requests, the same chunks; the promise it comes
+    with may differ), unless a request arrives or completes first, a chunk
+    would be its prompt's last, or the batch's next step would exceed the KV
     capacity. :data:`UNTIL_CHANGE` promises it with no bound. The engine
     executes such a stretch without calling ``decide`` (see
     ``Engine._fast_forward``), with results identical to calling it. Promise it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,10 +17,10 @@ from policies.vllm import VLLMLike
 from replay.engine import DecisionError
 from replay.histogram import LogHistogram
 from replay.overflow import ClearAll, EvictLIFO
-from replay.policy import UNTIL_CHANGE, Batch
+from replay.paging import BlockGrowth, blocks
+from replay.policy import UNTIL_CHANGE, Batch, PolicyView
 from replay.timing import LinearTiming, UnitTiming
-from replay.timing.base import BatchShape
-from tests.conftest import replay
+from tests.conftest import replay, stretch_and_steps
 from tests.test_serving_policies import paged_instances
 
 POLICIES = {
@@ -172,9 +174,128 @@ def test_add_repeated_folds_at_the_same_points_as_separate_adds(rows, buffer_siz
 
 @pytest.mark.parametrize("timing", [UnitTiming(), LinearTiming(0.01, 1e-4, 5e-4),
                                     LinearTiming(0.0, 3e-7)])
-def test_closed_form_backends_price_a_stretch_like_single_steps(timing):
-    size, context = 3, np.array([5, 17, 40])
-    stretch = timing.decode_durations(size, int(context.sum()), int(context.max()), 25)
-    single = [timing.duration(BatchShape(np.ones(size, dtype=np.int64), context + k,
-                                         np.zeros(size, dtype=bool))) for k in range(25)]
-    assert stretch.tolist() == single
+@pytest.mark.parametrize("chunks", [([], []), ([16, 1], [40, 3]), ([7], [0])])
+@pytest.mark.parametrize("decode_context", [[5, 17, 40], []])
+def test_closed_form_backends_price_a_stretch_like_single_steps(timing, chunks,
+                                                                decode_context):
+    if not decode_context and not chunks[0]:
+        return
+    stretch, single = stretch_and_steps(decode_context, *chunks, 25)
+    assert timing.stretch_durations(stretch, 25).tolist() == [timing.duration(s)
+                                                              for s in single]
+
+
+def test_a_chunked_prompt_asks_the_policy_once_per_phase():
+    """A lone 100-token prompt in chunks of 16 (6 full chunks, then 4 tokens): the start,
+    one decision promising the next four chunks, the last chunk; then the first decode,
+    and the completing step. 16 steps, 5 decisions, results as if asked every step."""
+    for reserve in (False, True):
+        runs = [replay([100], [10], SarathiLike(EvictLIFO(), chunk_size=16,
+                                                reserve_prompt=reserve), 200,
+                       timing=LinearTiming(0.01, 1e-4), block_size=4, fast_forward=switch)
+                for switch in (True, False)]
+        assert_same_run(*runs)
+        assert runs[0].iterations["prefill_tokens"].tolist()[:8] == [16] * 6 + [4, 0]
+        assert (len(runs[0].iterations), runs[0].decisions) == (16, 5)
+
+
+def serving_view(block: int, capacity: int, prompt, prefilled, generated) -> PolicyView:
+    """A paged view: requests with nothing prefilled wait (in id order), the others run."""
+    prompt, prefilled, generated = (np.asarray(a, dtype=np.int64)
+                                    for a in (prompt, prefilled, generated))
+    held, n = prefilled + generated, prompt.size
+    zeros = np.zeros(n, dtype=np.int64)
+    return PolicyView(kv_capacity=capacity, arrival=np.zeros(n), prompt_len=prompt,
+                      prefill_len=prompt.copy(), predicted_output=zeros + 50,
+                      predicted_lo=zeros + 50, predicted_hi=zeros + 50, type_id=zeros - 1,
+                      prefilled=prefilled, generated=generated, held=held,
+                      start_iteration=zeros, rng=np.random.default_rng(0),
+                      kv_block_size=block, kv_held=int(held.sum()),
+                      waiting=np.flatnonzero(held == 0), running=np.flatnonzero(held > 0))
+
+
+@st.composite
+def chunking_views(draw):
+    """A paged view with decoding and part-way-prefilled running requests and a queue."""
+    block = draw(st.sampled_from([1, 2, 4]))
+    n = draw(st.integers(1, 12))
+    prompt = np.array(draw(st.lists(st.integers(1, 200), min_size=n, max_size=n)))
+    prefilled, generated = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    for i, what in enumerate(draw(st.lists(st.sampled_from(["waiting", "decoding",
+                                                             "prefilling"]),
+                                           min_size=n, max_size=n))):
+        if what == "decoding":
+            prefilled[i], generated[i] = prompt[i], draw(st.integers(1, 40))
+        elif what == "prefilling" and prompt[i] > 1:
+            prefilled[i] = draw(st.integers(1, int(prompt[i]) - 1))
+    # Room above what the running requests hold, or above what they reserve (their whole
+    # prompts), so that either count can be the one that runs short first.
+    held = prefilled + generated
+    reserved = np.where(prefilled < prompt, prompt + 1, held)
+    used = int(blocks(draw(st.sampled_from([held, reserved])), block).sum())
+    return serving_view(block, block * (used + draw(st.integers(0, 60))), prompt, prefilled,
+                        generated)
+
+
+def test_a_reserved_prompt_promises_until_the_decodes_run_out_of_blocks():
+    # Blocks of 4, 30 of them: the 100-token prompt reserves 26 (101 slots), so the decode
+    # (7 slots, 8 after this step) fits while it needs at most 4 blocks: 16 slots, 8 steps
+    # more. Its chunks of 4 would go on for 22 steps before the last one.
+    view = serving_view(4, 120, prompt=[4, 100], prefilled=[4, 4], generated=[3, 0])
+    batch = SarathiLike(EvictLIFO(), chunk_size=5, reserve_prompt=True).decide(view)
+    assert batch.prefill_chunks == {1: 4}
+    assert batch.steady_steps == 8
+    unreserved = SarathiLike(EvictLIFO(), chunk_size=5).decide(view)
+    assert unreserved.steady_steps == UNTIL_CHANGE  # the engine's KV check is the bound
+
+
+def same_batch(a: Batch, b: Batch) -> bool:
+    return (np.array_equal(a.advance, b.advance) and a.prefill_chunks == b.prefill_chunks
+            and len(a.start) == len(b.start) == 0 and len(a.preempt) == len(b.preempt) == 0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(view=chunking_views(), chunk_size=st.integers(1, 64), reserve=st.booleans())
+def test_a_sarathi_promise_holds_for_every_step_it_names(view, chunk_size, reserve):
+    policy = SarathiLike(EvictLIFO(), chunk_size=chunk_size, reserve_prompt=reserve)
+    batch = policy.decide(view)
+    chunks = batch.prefill_chunks or {}
+    left = {r: int(view.prefill_len[r] - view.prefilled[r]) for r in chunks}
+    if (not batch.steady_steps or len(batch.start) or len(batch.preempt)
+            or any(chunks[r] == left[r] for r in chunks)):
+        return  # the engine reads a promise only when nothing starts or finishes its prompt
+    decoding = [r for r in batch.advance if r not in chunks]
+
+    def step(view: PolicyView) -> PolicyView:
+        """``view`` after the batch runs once more."""
+        held, prefilled, generated = view.held.copy(), view.prefilled.copy(), \
+            view.generated.copy()
+        held[decoding] += 1
+        generated[decoding] += 1
+        for r, c in chunks.items():
+            held[r] += c
+            prefilled[r] += c
+        return dataclasses.replace(view, held=held, prefilled=prefilled, generated=generated,
+                                   kv_held=int(held.sum()))
+
+    view = step(view)
+    # The promise holds for every step it names, and (short of the engine's own stops) it
+    # names them all: the step after it decides otherwise.
+    for ahead in range(1, min(batch.steady_steps, 60) + 2):
+        after = step(view)
+        if any(view.prefilled[r] + c >= view.prefill_len[r] for r, c in chunks.items()):
+            break  # this chunk would be the prompt's last: the engine stops before it
+        if (blocks(after.held, view.kv_block_size).sum() * view.kv_block_size
+                > view.kv_capacity):
+            break  # as it does before a step that would not fit
+        assert same_batch(policy.decide(view), batch) == (ahead <= batch.steady_steps)
+        view = after
+
+
+@settings(max_examples=200, deadline=None)
+@given(held=st.lists(st.integers(0, 70), max_size=30), block=st.integers(1, 17))
+def test_block_growth_counts_the_blocks_each_request_gains(held, block):
+    held = np.array(held, dtype=np.int64)
+    j = np.arange(0, 3 * block + 2)
+    expected = [int((blocks(held + k, block) - blocks(held, block)).sum()) for k in j]
+    assert BlockGrowth(held, block)(j).tolist() == expected

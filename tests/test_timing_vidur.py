@@ -12,12 +12,12 @@ import pytest
 from replay.data import MissingDataError
 from replay.errors import ConfigError
 from replay.timing import LinearTiming, aiconfigurator, attention_7b, profiles_fetch
-from replay.timing.base import BatchShape, TimingBackend
+from replay.timing.base import BatchShape, Stretch, TimingBackend
 from replay.timing.fit_linear import batch_mix, fit
 from replay.timing.shapes import compose_timing, shape_table, standard_shapes
 from replay.timing.vidur import VidurRangeError, VidurTiming
 from replay.timing.vidur_build import vidur_batch
-from tests.conftest import DATA_DIR
+from tests.conftest import DATA_DIR, stretch_and_steps
 from traces.fetch import fetch
 
 PROFILES = DATA_DIR / "vidur" / "profiling"
@@ -376,10 +376,33 @@ def test_a_decode_stretch_is_priced_like_its_single_steps_up_to_the_profile_edge
     for size in (1, 2, 7, 33, timing.tables.max_batch_size):
         context = rng.integers(1, 3000, size)
         steps = int(timing.tables.max_tokens - context.max()) + 5  # runs 5 past the edge
-        stretch = timing.decode_durations(size, int(context.sum()), int(context.max()), steps)
+        stretch = timing.stretch_durations(
+            Stretch(size, int(context.sum()), int(context.max())), steps)
         assert stretch.size == steps - 5
         single = [timing.duration(shape(np.ones(size), context + k)) for k in range(stretch.size)]
         assert stretch.tolist() == single
     assert timing.out_of_range_batches == counted
     big = timing.tables.max_batch_size + 1
-    assert timing.decode_durations(big, 10 * big, 10, 4).size == 0
+    assert timing.stretch_durations(Stretch(big, 10 * big, 10), 4).size == 0
+
+
+@needs_profiles
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_a_chunked_stretch_is_priced_like_its_single_steps_up_to_the_profile_edge(timings,
+                                                                                  setup):
+    timing = timings[setup]
+    rng = np.random.default_rng(4)
+    counted = dict(timing.out_of_range_batches)
+    for decodes, prefills in ((0, 1), (3, 1), (40, 2), (0, 9), (5, 12)):
+        decode_context = rng.integers(1, 2000, decodes)
+        # Chunks of one token included: the predictor prices those as decodes.
+        chunk = rng.choice([1, 7, 32, 100, 257], prefills)
+        chunk_context = rng.integers(0, 2000, prefills)
+        edge = int(((timing.tables.max_tokens - chunk_context) // chunk).min())
+        if decodes:
+            edge = min(edge, int(timing.tables.max_tokens - decode_context.max()))
+        stretch, single = stretch_and_steps(decode_context, chunk, chunk_context, edge + 3)
+        priced = timing.stretch_durations(stretch, edge + 3)
+        assert priced.size == edge  # up to the profile's edge
+        assert priced.tolist() == [timing.duration(s) for s in single[:edge]]
+    assert timing.out_of_range_batches == counted

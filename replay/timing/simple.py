@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.errors import ConfigError
-from replay.timing.base import BatchShape
+from replay.timing.base import BatchShape, Stretch
 
 
 class UnitTiming:
@@ -18,8 +18,7 @@ class UnitTiming:
     def duration(self, batch: BatchShape) -> float:
         return 1.0
 
-    def decode_durations(self, batch_size: int, context_sum: int, context_max: int,
-                         steps: int) -> np.ndarray:
+    def stretch_durations(self, stretch: Stretch, steps: int) -> np.ndarray:
         return np.ones(steps)
 
     def describe(self) -> dict:
@@ -60,11 +59,14 @@ class LinearTiming:
         touched, prefill = self.terms(batch)
         return self.d0 + self.d1 * touched + self.d2 * prefill
 
-    def decode_durations(self, batch_size: int, context_sum: int, context_max: int,
-                         steps: int) -> np.ndarray:
-        # The same float operations as duration(), one element per iteration.
-        touched = context_sum + batch_size * np.arange(1, steps + 1, dtype=np.int64)
-        return self.d0 + self.d1 * touched + self.d2 * 0
+    def stretch_durations(self, stretch: Stretch, steps: int) -> np.ndarray:
+        # The same float operations as duration(), one element per iteration: the terms are
+        # whole numbers, so summing them in another order changes nothing.
+        chunk_total = int(stretch.chunk.sum())
+        per_step = stretch.decodes + chunk_total  # new tokens, and the growth of the context
+        touched = (stretch.decode_context_sum + int(stretch.chunk_context.sum())
+                   + per_step * np.arange(1, steps + 1, dtype=np.int64))
+        return self.d0 + self.d1 * touched + self.d2 * chunk_total
 
     def describe(self) -> dict:
         return {"backend": "linear", "d0": self.d0, "d1": self.d1, "d2": self.d2,

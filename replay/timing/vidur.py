@@ -53,7 +53,7 @@ import pandas as pd
 from replay.data import file_record, require_file
 from replay.errors import ConfigError, InputError
 from replay.timing import aiconfigurator, attention_7b
-from replay.timing.base import BatchShape
+from replay.timing.base import BatchShape, Stretch
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
 from replay.timing.vidur_spec import PredictionLimits, PredictorSpec, ProfileFiles
 from replay.timing.vidur_tables import CHUNK_ROUNDING, TOKEN_ROUNDING, VidurTables, export_tables
@@ -240,18 +240,39 @@ class VidurTiming:
                                ].sum()
         return float(ms) * self._ms_to_s
 
-    def decode_durations(self, batch_size: int, context_sum: int, context_max: int,
-                         steps: int) -> np.ndarray:
-        """The decode path of :meth:`duration` for ``steps`` iterations, up to the profile's edge
-        (the first out-of-range iteration is left to :meth:`duration`, which counts it)."""
-        if batch_size > self._max_batch:
+    def stretch_durations(self, stretch: Stretch, steps: int) -> np.ndarray:
+        """:meth:`duration` of each iteration of ``stretch``, up to the profile's edge (the
+        first out-of-range iteration is left to :meth:`duration`, which counts it)."""
+        n, chunk, chunk_context = stretch.decodes, stretch.chunk, stretch.chunk_context
+        context_sum, context_max = stretch.decode_context_sum, stretch.decode_context_max
+        if (chunk == 1).any():
+            # duration() tells decodes by their one new token: a one-token chunk is one.
+            single = chunk == 1
+            n += int(single.sum())
+            context_sum += int(chunk_context[single].sum())
+            context_max = max(context_max, int(chunk_context[single].max()))
+            chunk, chunk_context = chunk[~single], chunk_context[~single]
+        total = n + int(chunk.sum())
+        if (total > self._max_tokens or n > self._max_batch
+                or (chunk.size and self._check_chunk and int(chunk.max()) > self._max_chunk)):
             return np.zeros(0)
-        steps = max(0, min(steps, self._max_tokens - context_max))
-        context = context_sum + batch_size * np.arange(steps, dtype=np.int64)
-        mean_context = context // batch_size
-        token_ms = self._token_ms[-(-batch_size // TOKEN_ROUNDING) * TOKEN_ROUNDING]
-        return (token_ms + self._decode_ms[batch_size, -(-mean_context // self._granularity)]
-                ) * self._ms_to_s
+        if n:
+            steps = min(steps, self._max_tokens - context_max)
+        if chunk.size:  # the largest j with chunk_context + (j + 1) * chunk <= max_tokens, + 1
+            steps = min(steps, int(((self._max_tokens - chunk_context) // chunk).min()))
+        steps = max(steps, 0)
+        granularity = self._granularity
+        ms = self._token_ms[-(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING]
+        if n:
+            mean_context = (context_sum + n * np.arange(steps, dtype=np.int64)) // n
+            ms = ms + self._decode_ms[n, -(-mean_context // granularity)]
+        if chunk.size:
+            # One row per iteration, members in batch order: each row sums like duration()'s.
+            context = chunk_context + np.arange(steps, dtype=np.int64)[:, None] * chunk
+            ms = ms + self._prefill_ms[(context + (granularity - 1)) // granularity,
+                                       (chunk + (CHUNK_ROUNDING - 1)) // CHUNK_ROUNDING
+                                       ].sum(axis=1)
+        return ms * self._ms_to_s  # an array: the stretch has a decode or a chunk
 
     def _out_of_range(self, new_tokens, context, total, decode, n_decode) -> float:
         kinds = []
