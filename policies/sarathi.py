@@ -80,7 +80,7 @@ class SarathiLike:
             # Part-way prefills starve each other of KV: free the latest for the oldest.
             victim, prefilling = prefilling[-1], prefilling[:-1]
             preempted = np.append(preempted, victim)
-            plan.free += int(blocks(view.held[victim], block))
+            plan.free += blocks(int(view.held[victim]), block)
             plan.continue_prefill(int(prefilling[0]))
         watermark = int(self.watermark * (view.kv_capacity // block))
         seats = self.max_num_seqs - kept.size
@@ -98,9 +98,13 @@ class SarathiLike:
             steady = UNTIL_CHANGE
         else:
             steady = self._steady_chunk_steps(view, decodes, prefilling, chunked, plan.chunks)
+        # Only chunks short of the whole remaining prompt need naming (the engine's default),
+        # and a batch of every running request in order is advance=None: less to validate.
+        everyone = prefilling.size == 0 and preempted.size == 0
         return Batch(start=np.asarray(plan.started, dtype=np.int64),
-                     advance=np.concatenate((decodes, chunked)), preempt=preempted,
-                     prefill_chunks=plan.chunks, steady_steps=steady)
+                     advance=None if everyone else np.concatenate((decodes, chunked)),
+                     preempt=preempted, prefill_chunks=plan.partial or None,
+                     steady_steps=steady)
 
     def _steady_chunk_steps(self, view: PolicyView, decodes: np.ndarray,
                             prefilling: np.ndarray, chunked: np.ndarray,
@@ -140,6 +144,7 @@ class _ChunkPlan:
         self.view, self.budget, self.free, self.reserve = view, budget, free_blocks, reserve
         self.block = view.kv_block_size
         self.chunks: dict[int, int] = {}
+        self.partial: dict[int, int] = {}  # the chunks that leave part of the prompt
         self.started: list[int] = []
 
     def _chunk(self, rid: int, room_blocks: int | None) -> int:
@@ -159,10 +164,12 @@ class _ChunkPlan:
         view = self.view
         self.chunks[rid] = chunk
         self.budget -= chunk
+        emits = bool(chunk == view.prefill_len[rid] - view.prefilled[rid])
+        if not emits:
+            self.partial[rid] = chunk
         if not self.reserve:
             held = int(view.held[rid])
-            emits = chunk == view.prefill_len[rid] - view.prefilled[rid]
-            self.free -= int(blocks(held + chunk + emits, self.block) - blocks(held, self.block))
+            self.free -= blocks(held + chunk + emits, self.block) - blocks(held, self.block)
 
     def continue_prefill(self, rid: int) -> None:
         chunk = self._chunk(rid, None if self.reserve else self.free)
@@ -173,7 +180,7 @@ class _ChunkPlan:
         """Start ``rid`` with a first chunk if budget and KV allow; False stops admission."""
         floor = 0 if lone else watermark
         if self.reserve:
-            needed = int(blocks(self.view.prefill_len[rid] + 1, self.block))
+            needed = blocks(int(self.view.prefill_len[rid]) + 1, self.block)
             if self.free - needed < floor:
                 return False
             chunk = self._chunk(rid, None)

@@ -189,6 +189,12 @@ class Engine:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if not self.validate_decisions or ids.size == 0:
             return ids
+        if ids.size == 1:  # the common case, in plain integers
+            rid = int(ids[0])
+            if not 0 <= rid < self.status.size:
+                raise DecisionError(f"{type(self.policy).__name__}: {what} has unknown request ids")
+            if self.status[rid] == expected:
+                return ids
         if ids.view(np.uint64).max() >= self.status.size:  # negative ids wrap to huge ones
             raise DecisionError(f"{type(self.policy).__name__}: {what} has unknown request ids")
         # Mark each id with its position: a repeated id keeps only its last mark.
@@ -241,8 +247,8 @@ class Engine:
         else:
             # The queue is in key order and keys are unique: insert the victims by key.
             queue = self.queue.ids
-            at = np.searchsorted(self.queue_key[queue], self.queue_key[victims])
-            self.queue.replace(np.insert(queue, at, victims))
+            self.queue.insert(np.searchsorted(self.queue_key[queue], self.queue_key[victims]),
+                              victims)
         return int(victims.size)
 
     def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
@@ -268,13 +274,14 @@ class Engine:
         chunk[k] = tokens
         return chunk
 
-    def _fast_forward(self, members: np.ndarray, chunk: np.ndarray, now: float,
-                      next_arrival: float, log: IterationLog, max_steps: int
-                      ) -> tuple[int, float, float]:
+    def _fast_forward(self, members: np.ndarray, chunk: np.ndarray | None, now: float,
+                      last_duration: float, next_arrival: float, log: IterationLog,
+                      max_steps: int) -> tuple[int, float, float]:
         """Repeat the batch just executed without asking the policy (a steady stretch).
 
-        ``members`` just decoded, except those with a prompt ``chunk`` (> 0), which
-        took a chunk that was not their prompt's last. The same step repeats (each
+        ``members`` just decoded, except those with a prompt ``chunk`` (> 0; ``None``:
+        none), which took a chunk that was not their prompt's last, in a step of
+        ``last_duration``. The same step repeats (each
         decode emits a token, each chunk member takes the same chunk) until the next
         one would start at or after ``next_arrival``, complete a request, take the
         last chunk of a prompt, exceed the KV capacity, leave the timing backend's
@@ -284,8 +291,8 @@ class Engine:
         the token gaps reach the histogram in the same order.
         Returns ``(steps executed, time after them, seconds spent pricing)``.
         """
-        prefilling = chunk > 0
-        if prefilling.any():
+        if chunk is not None:
+            prefilling = chunk > 0
             decoders, chunkers, chunk = members[~prefilling], members[prefilling], chunk[prefilling]
             # A chunk repeats while it is shorter than what remains of the prompt.
             left = self.prefill_len[chunkers] - self.prefilled[chunkers]
@@ -306,7 +313,12 @@ class Engine:
         kv_before, blocks_before = self.kv_held, self.blocks_held
         if block > 1:
             decode_growth = BlockGrowth(held, block)
-        done, per_call, priced_s, longest_gap = 0, 32, 0.0, 0.0
+        # Price about as many steps as can run before the next arrival or the KV limit
+        # (steps grow longer as contexts grow), and more only if the stretch goes on.
+        per_call = min(max_steps, (capacity - kv_before) // gain + 1)
+        if next_arrival < np.inf and last_duration > 0:
+            per_call = min(per_call, int((next_arrival - now) / last_duration) + 2)
+        done, per_call, priced_s, longest_gap = 0, max(per_call, 1), 0.0, 0.0
         while done < max_steps:
             steps = min(per_call, max_steps - done)
             priced = time.perf_counter()
@@ -544,8 +556,9 @@ class Engine:
                 room = min(int(promised), self.livelock_window - idle_steps + 1)
                 if self.max_steps is not None:
                     room = min(room, self.max_steps - steps)
-                skipped, now, priced_s = self._fast_forward(members, chunk, now,
-                                                            float(next_arrival), log, room)
+                skipped, now, priced_s = self._fast_forward(
+                    members, chunk if prefill_total else None, now, duration,
+                    float(next_arrival), log, room)
                 steps += skipped
                 iteration += skipped
                 idle_steps += skipped

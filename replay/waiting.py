@@ -5,8 +5,8 @@ hundreds of thousands waiting), so rebuilding it at every step (concatenating
 arrivals, filtering out admissions) would make each step cost O(waiting). The
 queue lives in a growable buffer instead: arrivals are written after its end, and
 admissions that are a prefix of the queue (FCFS-like policies) only move its
-start. Other admissions, and evictions requeued at their old position, rebuild it
-once, as before.
+start. Other admissions, and evictions requeued at their old position, copy it once
+into a new buffer.
 
 Policies receive :attr:`ids`, a read-only view. The buffer is only ever written
 beyond the current end and is replaced (never rewritten) when the queue is
@@ -62,10 +62,27 @@ class WaitingQueue:
             queue = self.ids
             self.replace(queue[status[queue] == waiting])
 
+    def insert(self, at: np.ndarray, ids: np.ndarray) -> None:
+        """Insert ``ids[k]`` before the entry now at position ``at[k]`` (``at`` ascending, as
+        ``np.insert``), copying the queue once into a new buffer."""
+        queue, k = self.ids, ids.size
+        buffer = self._new_buffer(queue.size + k)
+        copied = 0
+        for moved, (position, rid) in enumerate(zip(at.tolist(), ids.tolist(), strict=True)):
+            buffer[copied + moved:position + moved] = queue[copied:position]
+            buffer[position + moved] = rid
+            copied = position
+        buffer[copied + k:queue.size + k] = queue[copied:]
+        self._buffer, self._head, self._tail, self._view = buffer, 0, queue.size + k, None
+
     def replace(self, ids: np.ndarray) -> None:
         """Make ``ids`` the queue (a reordering the caller computed), in a new buffer."""
-        # Room to grow, so the arrivals that follow a rebuild do not copy the queue again.
-        self._buffer = np.empty(max(2 * ids.size, _INITIAL_CAPACITY), dtype=np.int64)
+        self._buffer = self._new_buffer(ids.size)
         self._buffer[:ids.size] = ids
         self._head, self._tail = 0, ids.size
         self._view = None
+
+    @staticmethod
+    def _new_buffer(size: int) -> np.ndarray:
+        # Room to grow, so the arrivals that follow a rebuild do not copy the queue again.
+        return np.empty(max(2 * size, _INITIAL_CAPACITY), dtype=np.int64)

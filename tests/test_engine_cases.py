@@ -260,8 +260,9 @@ def test_kept_order_reuses_its_order_only_for_the_same_read_only_queue():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["append", "drop", "replace"]), st.integers(0, 300)),
-                min_size=1, max_size=30), st.integers(0, 10_000))
+@given(st.lists(st.tuples(st.sampled_from(["append", "drop", "replace", "insert"]),
+                          st.integers(0, 300)), min_size=1, max_size=30),
+       st.integers(0, 10_000))
 def test_waiting_queue_matches_a_plain_array_and_keeps_old_views(operations, seed):
     """WaitingQueue equals rebuilding a plain array, and a view handed out earlier keeps
     reading the queue as it was (policies may hold on to one)."""
@@ -287,6 +288,14 @@ def test_waiting_queue_matches_a_plain_array_and_keeps_old_views(operations, see
         elif operation == "replace":
             model = rng.permutation(model)
             queue.replace(model)
+        elif operation == "insert":
+            # Requeue k requests at sorted positions (repeats included), as np.insert does.
+            new = np.arange(next_id, next_id + k % 7)
+            next_id += new.size
+            status[new] = 1
+            at = np.sort(rng.integers(0, model.size + 1, new.size))
+            queue.insert(at, new)
+            model = np.insert(model, at, new)
         views.append((queue.ids, model.copy()))
         assert queue.size == model.size and np.array_equal(queue.ids, model)
         assert not queue.ids.flags.writeable
