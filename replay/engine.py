@@ -279,16 +279,16 @@ class Engine:
                       max_steps: int) -> tuple[int, float, float]:
         """Repeat the batch just executed without asking the policy (a steady stretch).
 
-        ``members`` just decoded, except those with a prompt ``chunk`` (> 0; ``None``:
-        none), which took a chunk that was not their prompt's last, in a step of
-        ``last_duration``. The same step repeats (each
-        decode emits a token, each chunk member takes the same chunk) until the next
-        one would start at or after ``next_arrival``, complete a request, take the
-        last chunk of a prompt, exceed the KV capacity, leave the timing backend's
-        exact range or pass ``max_steps``; the step loop takes over there. Results
-        are those of the step loop: durations are priced per step (vectorised),
-        start times are the same running float sum (``cumsum`` adds in order), and
-        the token gaps reach the histogram in the same order.
+        ``members`` just decoded in a step of ``last_duration``, except those with a
+        prompt ``chunk`` (> 0; ``None``: none), which took a chunk that was not their
+        prompt's last. The same step repeats (each decode emits a token, each chunk
+        member takes the same chunk) until the next one would start at or after
+        ``next_arrival``, complete a request, take the last chunk of a prompt,
+        exceed the KV capacity, leave the timing backend's exact range or pass
+        ``max_steps``; the step loop takes over there. Results are those of the
+        step loop: durations are priced per step (vectorised), start times are the
+        same running float sum (``cumsum`` adds in order), and the token gaps reach
+        the histogram in the same order.
         Returns ``(steps executed, time after them, seconds spent pricing)``.
         """
         if chunk is not None:

@@ -1,4 +1,4 @@
-"""Fast-forwarding steady decode stretches (``Batch.steady_steps``) changes speed, never results."""
+"""Fast-forwarding steady stretches (``Batch.steady_steps``) changes speed, never results."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class _SteadyLiar:
         return Batch(steady_steps=UNTIL_CHANGE)
 
 
-def test_the_engine_trusts_the_promise_only_for_pure_decode_steps():
+def test_the_engine_ignores_a_promise_that_comes_with_a_start():
     # A start step flagged steady is executed as a normal step.
     policy = _SteadyLiar()
     result = replay([4, 4], [6, 6], policy, 100, arrival=[0.0, 2.0])
