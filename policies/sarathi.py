@@ -31,12 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.paging import (
-    BlockGrowth,
-    blocks,
-    check_serving_limits,
-    preempt_latest_until_fit,
-)
+from replay.paging import BlockGrowth, blocks, check_serving_limits, preempt_latest_until_fit
 from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 #: How far ahead a decision with reserved prompt chunks is checked for repeating (a longer
@@ -113,11 +108,11 @@ class SarathiLike:
 
         While no chunk is its prompt's last (the engine stops a stretch before one is),
         the chunks get the same token budget and the free blocks only shrink, so
-        nothing that waits or is paused gets a chunk. Without reservation a chunk keeps its size
-        exactly while the step fits the KV capacity, which the engine checks; with it,
-        the reserved prompts and the growing decodes must also fit, or the latest
-        running request is preempted: counted from the blocks they occupy at each step
-        ahead, as :meth:`decide` counts them.
+        nothing that waits or is paused gets a chunk. Without reservation a chunk keeps
+        its size exactly while the step fits the KV capacity, which the engine checks;
+        with it, the reserved prompts and the growing decodes must also fit, or the
+        latest running request is preempted: counted from the blocks they occupy at
+        each step ahead, as :meth:`decide` counts them.
         """
         if not chunked.size:
             return 0

@@ -488,7 +488,7 @@ class Engine:
                                         f"a request that holds no KV in this batch")
                 n_evicted += self._evict(victims)
                 log.append((now, duration, members.size, start.size, prefill_total, n_decode,
-                             int(kv_peak), self.kv_held, 0, n_evicted, True))
+                            int(kv_peak), self.kv_held, 0, n_evicted, True))
                 now += duration
                 idle_steps += 1
                 continue
@@ -540,7 +540,7 @@ class Engine:
             else:
                 idle_steps += 1
             log.append((now, duration, members.size, start.size, prefill_total, n_decode,
-                         int(kv_peak), self.kv_held, finished.size, n_evicted, False))
+                        int(kv_peak), self.kv_held, finished.size, n_evicted, False))
             now = end
             iteration += 1
             promised = batch.steady_steps

@@ -23,7 +23,8 @@ from typing import Protocol
 import numpy as np
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-#: ``Batch.steady_steps`` of a decision that repeats until a request arrives or completes.
+#: ``Batch.steady_steps`` of a decision that repeats until one of the engine's own stops (an
+#: arrival, a completion, a prompt's last chunk, the KV limit).
 UNTIL_CHANGE = 2 ** 62
 
 
