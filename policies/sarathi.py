@@ -34,6 +34,7 @@ import numpy as np
 from replay.paging import BlockGrowth, blocks, check_serving_limits, preempt_latest_until_fit
 from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
+_EMPTY = np.zeros(0, dtype=np.int64)
 #: How far ahead a decision with reserved prompt chunks is checked for repeating (a longer
 #: promise saves little: a decision every 256 steps is cheap).
 _STEADY_HORIZON = 256
@@ -59,15 +60,24 @@ class SarathiLike:
         remaining = view.prefill_len[running] - view.prefilled[running]
         # Blocks each running request occupies after this iteration before any new chunk:
         # decodes grow by one token; prefills keep (or have reserved) their blocks.
-        occupied = np.where(remaining == 0, view.held[running] + 1,
-                            view.prefill_len[running] + 1 if self.reserve_prompt
-                            else view.held[running])
+        if self.reserve_prompt:
+            occupied = np.where(remaining == 0, view.held[running] + 1,
+                                view.prefill_len[running] + 1)
+        else:
+            occupied = view.held[running] + (remaining == 0)
         occupied = blocks(occupied, block)
-        keep = preempt_latest_until_fit(running, occupied, view.kv_capacity // block)
-        kept, preempted = running[keep], running[~keep]
-        decodes = kept[remaining[keep] == 0]
-        prefilling = kept[remaining[keep] > 0]
-        free = view.kv_capacity // block - int(occupied[keep].sum())
+        capacity = view.kv_capacity // block
+        keep = preempt_latest_until_fit(running, occupied, capacity)
+        if keep is None:
+            kept, preempted = running, _EMPTY
+        else:
+            kept, preempted = running[keep], running[~keep]
+            remaining, occupied = remaining[keep], occupied[keep]
+        if np.count_nonzero(remaining):
+            decodes, prefilling = kept[remaining == 0], kept[remaining > 0]
+        else:
+            decodes, prefilling = kept, _EMPTY
+        free = capacity - int(occupied.sum())
         plan = _ChunkPlan(view, self.chunk_size - decodes.size, free, self.reserve_prompt)
         for rid in prefilling:
             plan.continue_prefill(int(rid))
@@ -77,14 +87,15 @@ class SarathiLike:
             preempted = np.append(preempted, victim)
             plan.free += blocks(int(view.held[victim]), block)
             plan.continue_prefill(int(prefilling[0]))
-        watermark = int(self.watermark * (view.kv_capacity // block))
+        watermark = int(self.watermark * capacity)
         seats = self.max_num_seqs - kept.size
         for rid in view.waiting:
             if seats <= 0 or not plan.admit(int(rid), watermark, lone=kept.size + len(plan.started)
                                             == 0):
                 break
             seats -= 1
-        chunked = np.fromiter((r for r in prefilling if r in plan.chunks), dtype=np.int64)
+        chunked = (np.fromiter((r for r in prefilling if r in plan.chunks), dtype=np.int64)
+                   if prefilling.size else _EMPTY)
         if plan.started or preempted.size:
             steady = 0
         elif prefilling.size == 0:
@@ -96,7 +107,7 @@ class SarathiLike:
         # Only chunks short of the whole remaining prompt need naming (the engine's default),
         # and a batch of every running request in order is advance=None: less to validate.
         everyone = prefilling.size == 0 and preempted.size == 0
-        return Batch(start=np.asarray(plan.started, dtype=np.int64),
+        return Batch(start=np.asarray(plan.started, dtype=np.int64) if plan.started else _EMPTY,
                      advance=None if everyone else np.concatenate((decodes, chunked)),
                      preempt=preempted, prefill_chunks=plan.partial or None,
                      steady_steps=steady)

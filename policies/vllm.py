@@ -59,7 +59,7 @@ class VLLMLike:
         if admitted.size:
             return Batch(start=admitted, advance=_EMPTY)
         keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
-        if keep.all():
+        if keep is None:
             # Steady: without arrivals or completions the queue head stays too big for the
             # free blocks (they only shrink), so only the preemption test can change this.
             # advance=None (all running) spares the engine validating the ids.

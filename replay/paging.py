@@ -40,18 +40,20 @@ class BlockGrowth:
 
 
 def preempt_latest_until_fit(ids: np.ndarray, blocks_after: np.ndarray,
-                             capacity_blocks: int) -> np.ndarray:
+                             capacity_blocks: int) -> np.ndarray | None:
     """Which of ``ids`` to keep so that their ``blocks_after`` fit ``capacity_blocks``.
 
     vLLM's FCFS priority: the request that arrived last (largest engine id) is
-    preempted first. Returns a boolean mask over ``ids`` (True = kept).
+    preempted first. Returns a boolean mask over ``ids`` (True = kept), or ``None``
+    when they all fit (most steps: the callers then skip every masking).
     """
-    keep = np.ones(ids.size, dtype=bool)
     excess = int(blocks_after.sum()) - capacity_blocks
-    if excess > 0:
-        latest_first = np.argsort(ids, kind="stable")[::-1]
-        freed = np.cumsum(blocks_after[latest_first])
-        keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
+    if excess <= 0:
+        return None
+    keep = np.ones(ids.size, dtype=bool)
+    latest_first = np.argsort(ids, kind="stable")[::-1]
+    freed = np.cumsum(blocks_after[latest_first])
+    keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
     return keep
 
 

@@ -202,6 +202,59 @@ def test_a_repeated_request_id_is_rejected():
         replay([1, 1], [3, 3], StartsTwice(), 10)
 
 
+class Scripted:
+    """Starts everything at the first step, then returns ``second`` (a function of the view)."""
+
+    overflow = EvictLIFO()
+
+    def __init__(self, second) -> None:
+        self.second, self.calls = second, 0
+
+    def decide(self, view):
+        self.calls += 1
+        return Batch(start=view.waiting) if self.calls == 1 else self.second(view)
+
+
+@pytest.mark.parametrize("second, reason", [
+    # Three requests, so ids 3 and -1 (which numpy would wrap to 2) name none of them.
+    (lambda v: Batch(advance=np.array([0, 3])), "advance has unknown request ids"),
+    (lambda v: Batch(advance=np.array([-1, 0])), "advance has unknown request ids"),
+    (lambda v: Batch(advance=np.array([-1])), "advance has unknown request ids"),
+    (lambda v: Batch(preempt=np.array([3])), "preempt has unknown request ids"),
+    (lambda v: Batch(advance=np.array([1, 0, 1])), "advance repeats a request id"),
+    (lambda v: Batch(preempt=np.array([2, 2])), "preempt repeats a request id"),
+])
+def test_unknown_or_repeated_ids_are_rejected(second, reason):
+    with pytest.raises(DecisionError, match=reason):
+        replay([1, 1, 1], [5, 5, 5], Scripted(second), 30)
+
+
+@pytest.mark.parametrize("start, reason", [
+    ([2, 1], None),  # waiting, out of queue order: allowed
+    ([1, 2, 2], "start repeats a request id"),
+    ([1, 0], "start names request 0 which is running"),
+    ([1, 3], "start has unknown request ids"),
+])
+def test_starts_out_of_queue_order_are_checked_one_by_one(start, reason):
+    # Request 0 arrives first and starts alone; 1 and 2 wait, in that order.
+    class StartsLater:
+        overflow = EvictLIFO()
+
+        def decide(self, view):
+            if view.iteration == 0:
+                return Batch(start=view.waiting[:1])
+            return Batch(start=np.array(start) if view.waiting.size == 2 else view.waiting)
+
+    def run():
+        return replay([1, 1, 1], [3, 3, 3], StartsLater(), 30, arrival=[0, 0.5, 0.5])
+
+    if reason is None:
+        assert run().status == "completed"
+    else:
+        with pytest.raises(DecisionError, match=reason):
+            run()
+
+
 def test_block_size_counts_whole_blocks():
     from replay.engine import Engine
     from replay.kv import explicit
