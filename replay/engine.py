@@ -90,6 +90,11 @@ class RunResult:
     decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
 
 
+def _whole(tokens) -> bool:
+    """A token count: an integer, not a bool or a float that would be truncated."""
+    return isinstance(tokens, int | np.integer) and not isinstance(tokens, bool)
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
@@ -234,20 +239,23 @@ class Engine:
         victims = victims[self.status[victims] == RUNNING]
         if victims.size == 0:
             return 0
-        freed = int(self.held[victims].sum())
-        self.status[victims] = WAITING
-        self.prefilled[victims] = 0
+        # One victim (most preemptions) indexes the state with a plain int: the same
+        # updates at a fraction of the cost of one-element arrays.
+        index = int(victims[0]) if victims.size == 1 else victims
+        freed = int(self.held[index].sum())
+        self.status[index] = WAITING
+        self.prefilled[index] = 0
         if self.preemption == "restart":
-            self.generated[victims] = 0
-            self.first_token_time[victims] = np.nan
-            self.last_token_time[victims] = np.nan
-            self.max_token_gap[victims] = np.nan
-        self.prefill_len[victims] = self.prompt_len[victims] + self.generated[victims]
+            self.generated[index] = 0
+            self.first_token_time[index] = np.nan
+            self.last_token_time[index] = np.nan
+            self.max_token_gap[index] = np.nan
+        self.prefill_len[index] = self.prompt_len[index] + self.generated[index]
         if self.kv.block_size > 1:
-            self.blocks_held -= int(blocks(self.held[victims], self.kv.block_size).sum())
-        self.held[victims] = 0
-        self.start_iteration[victims] = -1
-        self.evictions[victims] += 1
+            self.blocks_held -= int(blocks(self.held[index], self.kv.block_size).sum())
+        self.held[index] = 0
+        self.start_iteration[index] = -1
+        self.evictions[index] += 1
         self.kv_held -= freed
         self.running = _sealed(self.running[self.status[self.running] == RUNNING])
         if victims.size > 1:
@@ -274,6 +282,12 @@ class Engine:
         if not batch.prefill_chunks:
             return remaining_prompt
         chunk = remaining_prompt.copy()
+        if len(batch.prefill_chunks) == 1:  # the common case: one prompt only part-done
+            ((rid, tokens),) = batch.prefill_chunks.items()
+            at = np.flatnonzero(members == rid)  # members are distinct (checked)
+            if at.size and _whole(tokens) and 1 <= tokens <= remaining_prompt[at[0]]:
+                chunk[at[0]] = tokens
+                return chunk
         position = self._id_scratch  # zero between uses; 1-based positions while in use
         position[members] = self._positions[:members.size]
         count = len(batch.prefill_chunks)
@@ -283,10 +297,12 @@ class Engine:
         position[members] = 0
         bad = ((rids.view(np.uint64) >= position.size) | (k < 0) | (tokens < 1)
                | (tokens > remaining_prompt[k]))
+        bad |= [not _whole(t) for t in batch.prefill_chunks.values()]  # fromiter truncates
         if np.count_nonzero(bad):
             i = int(np.flatnonzero(bad)[0])
             raise DecisionError(
-                f"{type(self.policy).__name__}: prefill chunk {int(tokens[i])} for request "
+                f"{type(self.policy).__name__}: prefill chunk "
+                f"{list(batch.prefill_chunks.values())[i]!r} for request "
                 f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
         chunk[k] = tokens
         return chunk
@@ -483,9 +499,13 @@ class Engine:
             timing_time += time.perf_counter() - timing_started
             kv_peak = self.kv_held + gain_total
             if block > 1:
-                # Only members change what they hold; their block counts grow at boundaries.
-                new_blocks = int((blocks(held_before + gain, block)
-                                  - blocks(held_before, block)).sum())
+                # Only members change what they hold; their block counts grow at boundaries
+                # (by one token: exactly where the last block is full, or there is none).
+                if emits is None:
+                    new_blocks = np.count_nonzero(held_before % block == 0)
+                else:
+                    new_blocks = int((blocks(held_before + gain, block)
+                                      - blocks(held_before, block)).sum())
                 kv_peak = (self.blocks_held + new_blocks) * block
             steps += 1
 
@@ -546,9 +566,10 @@ class Engine:
             if finished.size:
                 self.completion_time[finished] = end
                 self.status[finished] = DONE
-                self.kv_held -= int(self.held[finished].sum())
+                held = self.held[finished]
+                self.kv_held -= int(held.sum())
                 if block > 1:
-                    self.blocks_held -= int(blocks(self.held[finished], block).sum())
+                    self.blocks_held -= int(blocks(held, block).sum())
                 self.held[finished] = 0
                 self.running = _sealed(self.running[self.status[self.running] == RUNNING])
                 completed += int(finished.size)

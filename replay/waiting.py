@@ -55,7 +55,7 @@ class WaitingQueue:
         """Drop the ``n_left`` entries that left the queue: those whose ``status`` (indexed by
         id) is no longer ``waiting``. O(n_left) when they are the queue's first entries."""
         front = self._buffer[self._head:self._head + n_left]
-        if (status[front] != waiting).all():
+        if not np.count_nonzero(status[front] == waiting):
             self._head += n_left
             self._view = None
         else:

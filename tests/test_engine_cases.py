@@ -93,6 +93,31 @@ def test_chunked_prefill_emits_first_token_with_the_last_chunk():
     assert (req["first_token"], req["completion"]) == (3, 4)
 
 
+@pytest.mark.parametrize("chunks, valid", [
+    ({0: 4}, True), ({0: 4, 1: 10}, True), ({0: np.int64(10), 1: 1}, True),
+    ({0: 0}, False), ({0: 11}, False), ({2: 4}, False), ({0: 2.5}, False), ({0: True}, False),
+    ({0: 4, 1: 0}, False), ({0: 4, 1: 11}, False), ({0: 4, 2: 4}, False), ({0: 4, -1: 4}, False),
+    ({0: 4, 1: 2.5}, False),
+])
+def test_prefill_chunks_must_be_whole_tokens_of_a_remaining_prompt(chunks, valid):
+    # Requests 0 and 1 (prompts of 10) start with the chunks; request 2 is not in the batch.
+    class FirstStepChunks:
+        overflow = EvictLIFO()
+
+        def decide(self, view):
+            if view.iteration == 0:
+                return Batch(start=view.waiting[:2], prefill_chunks=chunks)
+            return Batch(start=view.waiting)
+
+    if valid:
+        result = replay([10, 10, 10], [2, 2, 2], FirstStepChunks(), 100)
+        assert result.iterations["prefill_tokens"].iloc[0] == sum(
+            chunks.get(r, 10) for r in (0, 1))
+    else:
+        with pytest.raises(DecisionError, match="is not in 1..remaining prompt"):
+            replay([10, 10, 10], [2, 2, 2], FirstStepChunks(), 100)
+
+
 class PauseSecond:
     """Test policy: start everything, then advance only the first running request."""
 
