@@ -136,11 +136,13 @@ class SarathiLike:
             return 0
         block = view.kv_block_size
         decoding = view.held[decodes] + 1
-        occupied = (int(blocks(decoding, block).sum())
-                    + BlockGrowth(decoding, block)(np.arange(1, horizon + 1))
-                    + int(blocks(view.prefill_len[prefilling] + 1, block).sum()))
-        fits = occupied <= view.kv_capacity // block
-        return horizon if fits.all() else int(np.argmin(fits))
+        room = view.kv_capacity // block - int(blocks(decoding, block).sum()) - int(
+            blocks(view.prefill_len[prefilling] + 1, block).sum())
+        # A decode gains at most ceil(j / block) blocks in j steps: if that fits, all steps do.
+        if decodes.size * -(-horizon // block) <= room:
+            return horizon
+        fits = BlockGrowth(decoding, block)(np.arange(1, horizon + 1)) <= room
+        return int(np.argmin(fits)) if np.count_nonzero(~fits) else horizon
 
 
 class _ChunkPlan:

@@ -249,6 +249,19 @@ def test_a_reserved_prompt_promises_until_the_decodes_run_out_of_blocks():
     assert unreserved.steady_steps == UNTIL_CHANGE  # the engine's KV check is the bound
 
 
+@pytest.mark.parametrize("capacity, promised", [(36, 0), (40, 3)])
+def test_a_reserved_prompt_promise_counts_a_decode_crossing_into_a_new_block(capacity,
+                                                                             promised):
+    # Blocks of 4: the decode holds 8 slots after this step (2 full blocks) and its next
+    # token needs a third; the 24-token prompt reserves 7 blocks and has 3 more chunks of 4
+    # before its last. With 9 blocks nothing is left for the decode's third block (the
+    # next decision preempts); with 10 it fits through all 3 steps.
+    view = serving_view(4, capacity, prompt=[4, 24], prefilled=[4, 4], generated=[3, 0])
+    batch = SarathiLike(EvictLIFO(), chunk_size=5, reserve_prompt=True).decide(view)
+    assert batch.prefill_chunks == {1: 4}
+    assert batch.steady_steps == promised
+
+
 def members(batch: Batch, view: PolicyView) -> np.ndarray:
     return view.running if batch.advance is None else np.asarray(batch.advance)
 
