@@ -339,7 +339,7 @@ class Engine:
             return 0, now, 0.0
         held, chunk_held = self.held[decoders], self.held[chunkers]
         n_decode, block, capacity = decoders.size, self.kv.block_size, self.kv.tokens
-        chunk_total = int(chunk.sum())
+        chunk_total = int(chunk.sum()) if chunk.size else 0
         gain = n_decode + chunk_total  # slots the batch writes per step
         context_sum = int(held.sum()) if n_decode else 0
         context_max = int(held.max()) if n_decode else 0
@@ -388,13 +388,15 @@ class Engine:
                 break
             per_call *= 4  # a long stretch is priced in few calls
         if done:
-            self.generated[decoders] += done
-            self.held[decoders] += done
-            self.prefilled[chunkers] += done * chunk
-            self.held[chunkers] += done * chunk
             self.kv_held = kv_before + gain * done
-            self.last_token_time[decoders] = now
-            self.max_token_gap[decoders] = np.fmax(self.max_token_gap[decoders], longest_gap)
+            if n_decode:
+                self.generated[decoders] += done
+                self.held[decoders] += done
+                self.last_token_time[decoders] = now
+                self.max_token_gap[decoders] = np.fmax(self.max_token_gap[decoders], longest_gap)
+            if chunk.size:
+                self.prefilled[chunkers] += done * chunk
+                self.held[chunkers] += done * chunk
         return done, now, priced_s
 
     # --------------------------------------------------------------------- run

@@ -32,11 +32,17 @@ class BlockGrowth:
 
     def __init__(self, held: np.ndarray, block_size: int) -> None:
         self.requests, self.block_size = held.size, block_size
+        if held.size == 1:  # a lone request (a common stretch): its own blocks directly
+            self.lone = int(held[0])
+            return
+        self.lone = None
         used = np.bincount((held - 1) % block_size, minlength=block_size)  # slots used - 1
         # fuller[m]: requests with fewer than m free slots in their last block.
         self.fuller = np.concatenate(([0], np.cumsum(used[::-1])[:-1]))
 
     def __call__(self, j: np.ndarray) -> np.ndarray:
+        if self.lone is not None:
+            return blocks(self.lone + j, self.block_size) - blocks(self.lone, self.block_size)
         return self.requests * (j // self.block_size) + self.fuller[j % self.block_size]
 
 

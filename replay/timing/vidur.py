@@ -245,14 +245,14 @@ class VidurTiming:
         first out-of-range iteration is left to :meth:`duration`, which counts it)."""
         n, chunk, chunk_context = stretch.decodes, stretch.chunk, stretch.chunk_context
         context_sum, context_max = stretch.decode_context_sum, stretch.decode_context_max
-        if (chunk == 1).any():
+        if chunk.size and np.count_nonzero(chunk == 1):
             # duration() tells decodes by their one new token: a one-token chunk is one.
             single = chunk == 1
             n += int(single.sum())
             context_sum += int(chunk_context[single].sum())
             context_max = max(context_max, int(chunk_context[single].max()))
             chunk, chunk_context = chunk[~single], chunk_context[~single]
-        total = n + int(chunk.sum())
+        total = n + int(chunk.sum()) if chunk.size else n
         if (total > self._max_tokens or n > self._max_batch
                 or (chunk.size and self._check_chunk and int(chunk.max()) > self._max_chunk)):
             return np.zeros(0)
