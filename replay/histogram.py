@@ -65,8 +65,9 @@ class LogHistogram:
                 self._flush()
                 continue
             rows = min(rows, values.size - done)
-            self._buffer[self._filled:self._filled + rows * each] = np.repeat(
-                values[done:done + rows], each)
+            rows_values = values[done:done + rows]
+            self._buffer[self._filled:self._filled + rows * each] = (
+                rows_values if each == 1 else np.repeat(rows_values, each))
             self._filled += rows * each
             done += rows
 

@@ -53,7 +53,8 @@ class LinearTiming:
         """``(KV tokens touched, prefill tokens)``: the model's regressors besides 1."""
         new_tokens = int(batch.new_tokens.sum())
         return (int(batch.context.sum()) + new_tokens,
-                int(batch.new_tokens[batch.is_prefill].sum()) if batch.is_prefill.any() else 0)
+                int(batch.new_tokens[batch.is_prefill].sum()) if np.count_nonzero(batch.is_prefill)
+                else 0)
 
     def duration(self, batch: BatchShape) -> float:
         touched, prefill = self.terms(batch)

@@ -264,8 +264,11 @@ class VidurTiming:
         granularity = self._granularity
         ms = self._token_ms[-(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING]
         if n:
-            mean_context = (context_sum + n * np.arange(steps, dtype=np.int64)) // n
-            ms = ms + self._decode_ms[n, -(-mean_context // granularity)]
+            # Step j's mean context is (context_sum + n j) // n = context_sum // n + j; its
+            # grid column rounds that up, as duration() does.
+            first = context_sum // n + granularity - 1
+            ms = ms + self._decode_ms[n, np.arange(first, first + steps, dtype=np.int64)
+                                      // granularity]
         if chunk.size:
             # One row per iteration, members in batch order: each row sums like duration()'s.
             context = chunk_context + np.arange(steps, dtype=np.int64)[:, None] * chunk
