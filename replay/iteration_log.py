@@ -13,17 +13,24 @@ ITERATION_DTYPES = {
     "failed": bool}
 ITERATION_COLUMNS = list(ITERATION_DTYPES)
 _ROW = np.dtype(list(ITERATION_DTYPES.items()))
+#: What a stretch records per step, and what is the same for all of its steps.
+_VARYING = ("start_time", "duration", "kv_peak", "kv_after")
+_CONSTANT = ("batch_size", "n_started", "prefill_tokens", "decode_requests", "n_completed",
+             "n_evicted", "failed")
 
 
 class IterationLog:
     """Rows in step order. A single step is a tuple (cheap to append); a stretch is kept as
     columns, because turning tens of thousands of stretch steps into tuples costs more than
-    the engine spends on the stretch itself."""
+    the engine spends on the stretch itself. :meth:`frame` places both in one pass per
+    column (a run can hold tens of thousands of stretches)."""
 
     def __init__(self) -> None:
-        self._parts: list[list[tuple] | tuple[dict, dict]] = []  # step rows | a stretch
         self._rows: list[tuple] = []
-        self._parts.append(self._rows)
+        self._stretch_at: list[int] = []  # step rows logged before each stretch
+        self._stretch_len: list[int] = []
+        self._varying: dict[str, list[np.ndarray]] = {name: [] for name in _VARYING}
+        self._constant: dict[str, list] = {name: [] for name in _CONSTANT}
 
     def append(self, row: tuple) -> None:
         """One step's row, in :data:`ITERATION_COLUMNS` order."""
@@ -33,29 +40,34 @@ class IterationLog:
                        prefill_tokens: int, decode_requests: int, kv_peak: np.ndarray,
                        kv_after: np.ndarray) -> None:
         """Steps of a stretch: nothing starts, completes, is evicted or fails in them."""
-        self._parts.append(({"start_time": start_time, "duration": duration,
-                             "kv_peak": kv_peak, "kv_after": kv_after},
-                            {"batch_size": batch_size, "n_started": 0,
-                             "prefill_tokens": prefill_tokens,
-                             "decode_requests": decode_requests, "n_completed": 0,
-                             "n_evicted": 0, "failed": False}))
-        self._rows = []
-        self._parts.append(self._rows)
+        self._stretch_at.append(len(self._rows))
+        self._stretch_len.append(start_time.size)
+        for name, values in zip(_VARYING, (start_time, duration, kv_peak, kv_after),
+                                strict=True):
+            self._varying[name].append(values)
+        for name, value in zip(_CONSTANT, (batch_size, 0, prefill_tokens, decode_requests,
+                                           0, 0, False), strict=True):
+            self._constant[name].append(value)
 
     def frame(self) -> pd.DataFrame:
-        columns = {name: [] for name in ITERATION_COLUMNS}
-        for part in self._parts:
-            if isinstance(part, tuple):
-                varying, constant = part
-                steps = varying["start_time"].size
-                for name, values in varying.items():
-                    columns[name].append(values)
-                for name, value in constant.items():
-                    columns[name].append(np.full(steps, value, dtype=ITERATION_DTYPES[name]))
-            elif part:
-                table = np.array(part, dtype=_ROW)
-                for name in ITERATION_COLUMNS:
-                    columns[name].append(table[name])
-        return pd.DataFrame({name: (np.concatenate(parts) if parts
-                                    else np.zeros(0, dtype=ITERATION_DTYPES[name]))
-                             for name, parts in columns.items()})
+        rows = np.array(self._rows, dtype=_ROW)
+        lengths = np.array(self._stretch_len, dtype=np.int64)
+        total = rows.size + int(lengths.sum())
+        # Stretch k begins after the rows logged before it and the stretches before it.
+        before = np.cumsum(lengths) - lengths
+        first = np.array(self._stretch_at, dtype=np.int64) + before
+        in_stretch = np.repeat(first - before, lengths) + np.arange(total - rows.size)
+        is_row = np.ones(total, dtype=bool)
+        is_row[in_stretch] = False
+        columns = {}
+        for name in ITERATION_COLUMNS:
+            column = np.empty(total, dtype=ITERATION_DTYPES[name])
+            column[is_row] = rows[name]
+            if name in self._varying:
+                if lengths.size:
+                    column[in_stretch] = np.concatenate(self._varying[name])
+            else:
+                column[in_stretch] = np.repeat(
+                    np.array(self._constant[name], dtype=ITERATION_DTYPES[name]), lengths)
+            columns[name] = column
+        return pd.DataFrame(columns)
