@@ -71,17 +71,19 @@ class VLLMLike:
         waiting = view.waiting[: max(0, self.max_num_seqs - view.running.size)]
         if waiting.size == 0:
             return _EMPTY
-        prefill = view.prefill_len[waiting]
-        if prefill[0] > self.max_num_batched_tokens:
+        head_prefill = int(view.prefill_len[waiting[0]])
+        if head_prefill > self.max_num_batched_tokens:
             raise ConfigError(
                 f"policy.max_num_batched_tokens={self.max_num_batched_tokens} is below the "
-                f"{int(prefill[0])}-token prefill of request {int(waiting[0])}; vLLM requires "
+                f"{head_prefill}-token prefill of request {int(waiting[0])}; vLLM requires "
                 f"the budget to cover the longest prompt (plus, under recompute, its output)")
         watermark = int(self.watermark * (view.kv_capacity // view.kv_block_size))
+        if free_blocks - blocks(head_prefill + 1, view.kv_block_size) < watermark:
+            # The head does not fit (most steps of an overloaded run), so no prefix does;
+            # the watermark is waived for a lone request (see the module docstring).
+            return waiting[:1] if view.running.size == 0 else _EMPTY
+        prefill = view.prefill_len[waiting]
         needed = np.cumsum(blocks(prefill + 1, view.kv_block_size))
         fits = (np.cumsum(prefill) <= self.max_num_batched_tokens) & (
             free_blocks - needed >= watermark)
-        count = int(np.argmin(fits)) if not fits.all() else fits.size
-        if count == 0 and view.running.size == 0:
-            count = 1  # the watermark is waived for a lone request (see the module docstring)
-        return waiting[:count]
+        return waiting[:int(np.argmin(fits)) if np.count_nonzero(~fits) else fits.size]

@@ -61,6 +61,15 @@ def test_vllm_keeps_the_watermark_free_at_admission(watermark, starts):
     assert result.requests["start"].tolist() == starts
 
 
+@pytest.mark.parametrize("policy", [vllm, sarathi])
+def test_a_lone_request_is_admitted_past_the_watermark(policy):
+    # M = 100 with half kept free: request 0 (s=60) needs 61 slots, which breaks the
+    # watermark, but with nothing running it starts at once (else nothing could ever run).
+    # Request 1 (s=30, arriving at 1) needs 31 and waits until request 0 completes at 3.
+    result = replay([60, 30], [3, 2], policy(watermark=0.5), 100, arrival=[0, 1])
+    assert result.requests["start"].tolist() == [0, 3]
+
+
 def preemption_case(mode: str, timing=None):
     # M = 20: A and B (s=5, o=10) start together (6 + 6 slots) and grow by 2 per decode. After
     # iteration 4 they hold 10 each; iteration 5 would need 22, so B (the later arrival) is
