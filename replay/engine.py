@@ -276,6 +276,17 @@ class Engine:
             self.queue.insert(at, victims)
         return int(victims.size)
 
+    def _complete(self, finished: np.ndarray, end: float) -> None:
+        """Record ``finished`` as completed at ``end`` and free their KV."""
+        self.completion_time[finished] = end
+        self.status[finished] = DONE
+        held = self.held[finished]
+        self.kv_held -= int(held.sum())
+        if self.kv.block_size > 1:
+            self.blocks_held -= int(blocks(held, self.kv.block_size).sum())
+        self.held[finished] = 0
+        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
+
     def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
                         ) -> np.ndarray:
         """Prompt tokens each member processes (0 for a decode); the default is all that remain."""
@@ -309,20 +320,22 @@ class Engine:
 
     def _fast_forward(self, members: np.ndarray, chunk: np.ndarray | None, now: float,
                       last_duration: float, next_arrival: float, log: IterationLog,
-                      max_steps: int) -> tuple[int, float, float]:
+                      max_steps: int) -> tuple[int, float, float, int]:
         """Repeat the batch just executed without asking the policy (a steady stretch).
 
         ``members`` just decoded in a step of ``last_duration``, except those with a
         prompt ``chunk`` (> 0; ``None``: none), which took a chunk that was not their
         prompt's last. The same step repeats (each decode emits a token, each chunk
         member takes the same chunk) until the next one would start at or after
-        ``next_arrival``, complete a request, take the last chunk of a prompt,
-        exceed the KV capacity, leave the timing backend's exact range or pass
-        ``max_steps``; the step loop takes over there. Results are those of the
-        step loop: durations are priced per step (vectorised), start times are the
-        same running float sum (``cumsum`` adds in order), and the token gaps reach
-        the histogram in the same order.
-        Returns ``(steps executed, time after them, seconds spent pricing)``.
+        ``next_arrival``, take the last chunk of a prompt, exceed the KV capacity,
+        leave the timing backend's exact range or pass ``max_steps``, or until a step
+        has completed a request (that step is the stretch's last: the batch changes
+        after it); the step loop takes over there. Results are those of the step
+        loop: durations are priced per step (vectorised), start times are the same
+        running float sum (``cumsum`` adds in order), and the token gaps reach the
+        histogram in the same order.
+        Returns ``(steps executed, time after them, seconds spent pricing, requests
+        completed)``.
         """
         if chunk is not None:
             prefilling = chunk > 0
@@ -332,11 +345,13 @@ class Engine:
             max_steps = min(max_steps, int(((left - 1) // chunk).min()))
         else:
             decoders, chunkers, chunk = members, _EMPTY, _EMPTY
-        if decoders.size:
-            max_steps = min(max_steps, int((self.output_len[decoders]
-                                            - self.generated[decoders]).min()) - 1)
+        # The step at which the first decode emits its last token, counted from 1.
+        completing = (int((self.output_len[decoders] - self.generated[decoders]).min())
+                      if decoders.size else 0)
+        if completing:
+            max_steps = min(max_steps, completing)
         if max_steps <= 0:
-            return 0, now, 0.0
+            return 0, now, 0.0, 0
         held, chunk_held = self.held[decoders], self.held[chunkers]
         n_decode, block, capacity = decoders.size, self.kv.block_size, self.kv.tokens
         chunk_total = int(chunk.sum()) if chunk.size else 0
@@ -374,8 +389,12 @@ class Engine:
                        int(np.searchsorted(clock[:-1], next_arrival, side="left")))
             if take:
                 starts, ends = clock[:take], clock[1:take + 1]
-                log.extend_stretch(starts, durations[:take], members.size, chunk_total,
-                                   n_decode, kv_peak[:take], kv_after[:take])
+                # The completing step is logged on its own, after its completions.
+                plain = take - 1 if done + take == completing else take
+                if plain:
+                    log.extend_stretch(starts[:plain], durations[:plain], members.size,
+                                       chunk_total, n_decode, kv_peak[:plain],
+                                       kv_after[:plain])
                 if n_decode:
                     gaps = ends - starts
                     self.token_gaps.add_repeated(gaps, n_decode)
@@ -397,7 +416,13 @@ class Engine:
             if chunk.size:
                 self.prefilled[chunkers] += done * chunk
                 self.held[chunkers] += done * chunk
-        return done, now, priced_s
+        if done < completing or not completing:
+            return done, now, priced_s, 0
+        finished = decoders[self.generated[decoders] == self.output_len[decoders]]
+        self._complete(finished, now)
+        log.append((starts[-1], float(durations[take - 1]), members.size, 0, chunk_total,
+                    n_decode, int(kv_peak[take - 1]), self.kv_held, finished.size, 0, False))
+        return done, now, priced_s, int(finished.size)
 
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
@@ -566,14 +591,7 @@ class Engine:
             self.last_token_time[emitters] = end
             finished = emitters[tokens == output_len[emitters]]
             if finished.size:
-                self.completion_time[finished] = end
-                self.status[finished] = DONE
-                held = self.held[finished]
-                self.kv_held -= int(held.sum())
-                if block > 1:
-                    self.blocks_held -= int(blocks(held, block).sum())
-                self.held[finished] = 0
-                self.running = _sealed(self.running[self.status[self.running] == RUNNING])
+                self._complete(finished, end)
                 completed += int(finished.size)
                 idle_steps = 0
                 bar.update(int(finished.size))
@@ -596,13 +614,16 @@ class Engine:
                 room = min(int(promised), self.livelock_window - idle_steps + 1)
                 if self.max_steps is not None:
                     room = min(room, self.max_steps - steps)
-                skipped, now, priced_s = self._fast_forward(
+                skipped, now, priced_s, n_finished = self._fast_forward(
                     members, chunk if prefill_total else None, now, duration,
                     float(next_arrival), log, room)
                 steps += skipped
                 iteration += skipped
-                idle_steps += skipped
+                idle_steps = 0 if n_finished else idle_steps + skipped
                 timing_time += priced_s
+                if n_finished:
+                    completed += n_finished
+                    bar.update(n_finished)
         loop_time = time.perf_counter() - loop_started
         bar.close()
         return RunResult(status, message, self._request_table(), log.frame(), self.kv,

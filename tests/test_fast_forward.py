@@ -63,11 +63,14 @@ def test_fast_forward_gives_the_step_loops_results(policy, preemption, timing, i
     assert_same_run(*runs)
 
 
-def test_a_lone_request_asks_the_policy_three_times():
-    """Prefill step, first decode (steady), then the completing step: 3 decisions, 50 steps."""
+def test_a_lone_request_asks_the_policy_twice():
+    """Prefill step, then the first decode (steady), whose stretch runs through the step that
+    completes the request: 2 decisions, 50 steps, the last one logging the completion."""
     for make in (POLICIES["fcfs"], POLICIES["mcsf"], POLICIES["vllm"], POLICIES["sarathi"]):
         result = replay([4], [50], make(), 100, timing=LinearTiming(0.01, 1e-4))
-        assert len(result.iterations) == 50 and result.decisions == 3
+        assert len(result.iterations) == 50 and result.decisions == 2
+        assert result.iterations["n_completed"].tolist() == [0] * 49 + [1]
+        assert result.iterations["kv_after"].tolist()[-2:] == [53, 0]
         # Touched KV: 4 prompt tokens, then 6, 7, ..., 54 (the context before + the new token).
         assert result.requests["completion"].iloc[0] == pytest.approx(
             50 * 0.01 + 1e-4 * (4 + sum(range(6, 55))))
@@ -188,7 +191,8 @@ def test_closed_form_backends_price_a_stretch_like_single_steps(timing, chunks,
 def test_a_chunked_prompt_asks_the_policy_once_per_phase():
     """A lone 100-token prompt in chunks of 16 (6 full chunks, then 4 tokens): the start,
     one decision promising the next four chunks, the last chunk; then the first decode,
-    and the completing step. 16 steps, 5 decisions, results as if asked every step."""
+    whose stretch ends with the completing step. 16 steps, 4 decisions, results as if
+    asked every step."""
     for reserve in (False, True):
         runs = [replay([100], [10], SarathiLike(EvictLIFO(), chunk_size=16,
                                                 reserve_prompt=reserve), 200,
@@ -196,7 +200,7 @@ def test_a_chunked_prompt_asks_the_policy_once_per_phase():
                 for switch in (True, False)]
         assert_same_run(*runs)
         assert runs[0].iterations["prefill_tokens"].tolist()[:8] == [16] * 6 + [4, 0]
-        assert (len(runs[0].iterations), runs[0].decisions) == (16, 5)
+        assert (len(runs[0].iterations), runs[0].decisions) == (16, 4)
 
 
 def serving_view(block: int, capacity: int, prompt, prefilled, generated) -> PolicyView:
