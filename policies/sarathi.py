@@ -96,18 +96,22 @@ class SarathiLike:
             seats -= 1
         chunked = (np.fromiter((r for r in prefilling if r in plan.chunks), dtype=np.int64)
                    if prefilling.size else _EMPTY)
-        if plan.started or preempted.size:
+        started = np.asarray(plan.started, dtype=np.int64) if plan.started else _EMPTY
+        if preempted.size or plan.watermark_cut:
             steady = 0
-        elif prefilling.size == 0:
+        elif prefilling.size == 0 and started.size == 0:
             # Every running request decodes and nothing starts: the free blocks only shrink
             # until a completion, so the queue head stays out (see _ChunkPlan._chunk).
             steady = UNTIL_CHANGE
         else:
-            steady = self._steady_chunk_steps(view, decodes, prefilling, chunked, plan.chunks)
+            # Requests started now go on as prefills after the running ones, in this order.
+            steady = self._steady_chunk_steps(view, decodes,
+                                              np.concatenate((prefilling, started)),
+                                              np.concatenate((chunked, started)), plan.chunks)
         # Only chunks short of the whole remaining prompt need naming (the engine's default),
         # and a batch of every running request in order is advance=None: less to validate.
         everyone = prefilling.size == 0 and preempted.size == 0
-        return Batch(start=np.asarray(plan.started, dtype=np.int64) if plan.started else _EMPTY,
+        return Batch(start=started,
                      advance=None if everyone else np.concatenate((decodes, chunked)),
                      preempt=preempted, prefill_chunks=plan.partial or None,
                      steady_steps=steady)
@@ -117,13 +121,18 @@ class SarathiLike:
                             chunks: dict[int, int]) -> int:
         """For how many more steps a decision of decodes and prompt chunks repeats.
 
-        While no chunk is its prompt's last (the engine stops a stretch before one is),
-        the chunks get the same token budget and the free blocks only shrink, so
-        nothing that waits or is paused gets a chunk. Without reservation a chunk keeps
-        its size exactly while the step fits the KV capacity, which the engine checks;
-        with it, the reserved prompts and the growing decodes must also fit, or the
-        latest running request is preempted: counted from the blocks they occupy at
-        each step ahead, as :meth:`decide` counts them.
+        ``prefilling`` and ``chunked`` include the requests the decision starts: at the
+        next step they are running prefills after the others, and (the budget and the
+        earlier chunks being the same) take the same chunks, as a first chunk and a
+        continuing one are sized alike unless the watermark cut the first (then
+        :meth:`decide` promises nothing). While no chunk is its prompt's last (the
+        engine stops a stretch before one is), the chunks get the same token budget
+        and the free blocks only shrink, so nothing that waits or is paused gets a
+        chunk. Without reservation a chunk keeps its size exactly while the step fits
+        the KV capacity, which the engine checks; with it, the reserved prompts and
+        the growing decodes must also fit, or the latest running request is
+        preempted: counted from the blocks they occupy at each step ahead, as
+        :meth:`decide` counts them.
         """
         if not chunked.size:
             return 0
@@ -154,6 +163,9 @@ class _ChunkPlan:
         self.chunks: dict[int, int] = {}
         self.partial: dict[int, int] = {}  # the chunks that leave part of the prompt
         self.started: list[int] = []
+        # A first chunk the watermark made smaller than the budget allowed: as a
+        # continuing prefill (no watermark) the request would take more next step.
+        self.watermark_cut = False
 
     def _chunk(self, rid: int, room_blocks: int | None) -> int:
         """The largest chunk of ``rid``'s remaining prefill within budget and room."""
@@ -196,6 +208,8 @@ class _ChunkPlan:
                 self.free -= needed
         else:
             chunk = self._chunk(rid, self.free - floor)
+            if 0 < chunk < self._chunk(rid, self.free):
+                self.watermark_cut = True
         if chunk <= 0:
             return False
         self._take(rid, chunk)

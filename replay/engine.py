@@ -34,6 +34,7 @@ the batch and the waiting queue, never over the whole trace.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,7 @@ from replay.histogram import LogHistogram
 from replay.iteration_log import IterationLog
 from replay.kv import KVCapacity
 from replay.paging import BlockGrowth, blocks
-from replay.policy import Batch, Policy, PolicyView
+from replay.policy import Policy, PolicyView
 from replay.requests import Requests
 from replay.timing.base import BatchShape, Stretch, TimingBackend
 from replay.validate import check_value
@@ -287,33 +288,33 @@ class Engine:
         self.held[finished] = 0
         self.running = _sealed(self.running[self.status[self.running] == RUNNING])
 
-    def _prefill_chunks(self, batch: Batch, members: np.ndarray, remaining_prompt: np.ndarray
-                        ) -> np.ndarray:
+    def _prefill_chunks(self, chunks: Mapping[int, int] | None, members: np.ndarray,
+                        remaining_prompt: np.ndarray) -> np.ndarray:
         """Prompt tokens each member processes (0 for a decode); the default is all that remain."""
-        if not batch.prefill_chunks:
+        if not chunks:
             return remaining_prompt
         chunk = remaining_prompt.copy()
-        if len(batch.prefill_chunks) == 1:  # the common case: one prompt only part-done
-            ((rid, tokens),) = batch.prefill_chunks.items()
+        if len(chunks) == 1:  # the common case: one prompt only part-done
+            ((rid, tokens),) = chunks.items()
             at = np.flatnonzero(members == rid)  # members are distinct (checked)
             if at.size and _whole(tokens) and 1 <= tokens <= remaining_prompt[at[0]]:
                 chunk[at[0]] = tokens
                 return chunk
         position = self._id_scratch  # zero between uses; 1-based positions while in use
         position[members] = self._positions[:members.size]
-        count = len(batch.prefill_chunks)
-        rids = np.fromiter(batch.prefill_chunks.keys(), dtype=np.int64, count=count)
-        tokens = np.fromiter(batch.prefill_chunks.values(), dtype=np.int64, count=count)
+        count = len(chunks)
+        rids = np.fromiter(chunks.keys(), dtype=np.int64, count=count)
+        tokens = np.fromiter(chunks.values(), dtype=np.int64, count=count)
         k = position.take(rids, mode="clip") - 1  # unknown ids are caught just below
         position[members] = 0
         bad = ((rids.view(np.uint64) >= position.size) | (k < 0) | (tokens < 1)
                | (tokens > remaining_prompt[k]))
-        bad |= [not _whole(t) for t in batch.prefill_chunks.values()]  # fromiter truncates
+        bad |= [not _whole(t) for t in chunks.values()]  # fromiter truncates
         if np.count_nonzero(bad):
             i = int(np.flatnonzero(bad)[0])
             raise DecisionError(
                 f"{type(self.policy).__name__}: prefill chunk "
-                f"{list(batch.prefill_chunks.values())[i]!r} for request "
+                f"{list(chunks.values())[i]!r} for request "
                 f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
         chunk[k] = tokens
         return chunk
@@ -485,13 +486,20 @@ class Engine:
             n_evicted = 0
             if batch.preempt is not None and len(batch.preempt):
                 n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
-            start = self._check_ids(batch.start, WAITING, "start") if len(batch.start) else _EMPTY
+            requested = (self._check_ids(batch.start, WAITING, "start") if len(batch.start)
+                         else _EMPTY)
+            start = requested
             if self.max_running is not None and self.running.size + start.size > self.max_running:
                 # A cap on running requests for every policy (a serving engine's batch limit):
                 # the policy's admissions are cut to the first ones in its order.
                 start = start[: max(0, self.max_running - self.running.size)]
             if self.max_starts_per_round is not None:
                 start = start[: self.max_starts_per_round]
+            started_all = start.size == requested.size
+            chunks = batch.prefill_chunks
+            if chunks and not started_all:  # no chunk for an admission the caps cut
+                cut = set(requested[start.size:].tolist())
+                chunks = {rid: tokens for rid, tokens in chunks.items() if rid not in cut}
             advance = (self.running if batch.advance is None
                        else self._check_ids(batch.advance, RUNNING, "advance"))
             members = np.concatenate((advance, start)) if start.size else advance
@@ -507,7 +515,7 @@ class Engine:
             # -- the iteration's shape, price and KV peak
             held_before = self.held[members]
             remaining_prompt = self.prefill_len[members] - self.prefilled[members]
-            chunk = self._prefill_chunks(batch, members, remaining_prompt)
+            chunk = self._prefill_chunks(chunks, members, remaining_prompt)
             prefill_total = int(chunk.sum())
             if prefill_total == 0:
                 # Decode only (most steps): every member emits one token and holds one more slot.
@@ -602,7 +610,7 @@ class Engine:
             now = end
             iteration += 1
             promised = batch.steady_steps
-            if (promised and fast_forward and start.size == 0 and n_evicted == 0
+            if (promised and fast_forward and started_all and n_evicted == 0
                     and finished.size == 0 and emitters.size == n_decode):
                 if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
                         promised, int | np.integer) or promised < 0):

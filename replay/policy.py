@@ -40,13 +40,16 @@ class Batch:
     ``prefill_chunks``: for requests that are prefilling this iteration, the
     prompt tokens each processes (default: all of its remaining prompt).
     ``steady_steps``: a promise about the following steps, read only when
-    nothing starts or is preempted and no prompt is finished by the decision
-    (every member decodes or takes a prompt chunk that is not its last): that
-    at each of the next ``steady_steps`` steps ``decide`` would return the same
-    decision again (the same requests, the same chunks; the promise it comes
-    with may differ), unless a request arrives or completes first, a chunk
-    would be its prompt's last, or the batch's next step would exceed the KV
-    capacity. :data:`UNTIL_CHANGE` promises it with no bound. The engine
+    nothing is preempted and no prompt is finished by the decision (every
+    member decodes or takes a prompt chunk that is not its last): that at each
+    of the next ``steady_steps`` steps ``decide`` would return the same decision
+    again (the same members in the same order, ``advance`` then ``start``, the
+    requests started now among the running ones; the same chunks; the promise
+    it comes with may differ), unless a request arrives or completes first, a
+    chunk would be its prompt's last, or the batch's next step would exceed the
+    KV capacity. A promise that comes with starts is read only if the engine
+    started them all (no ``max_running`` or ``max_starts_per_round`` cut).
+    :data:`UNTIL_CHANGE` promises it with no bound. The engine
     executes such a stretch without calling ``decide`` (see
     ``Engine._fast_forward``), with results identical to calling it. Promise it
     only where the decision provably repeats and does not draw from ``rng``.

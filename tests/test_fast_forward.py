@@ -100,27 +100,29 @@ def test_a_stretch_stops_where_the_run_would_stop(limit):
     assert runs[0].status in ("step_limit", "livelock")
 
 
-class _SteadyLiar:
-    """Says steady while it would pause its only request at the next step."""
+class _StartsAllSteadily:
+    """Starts everything waiting with a first chunk of one token, every prefill going on by
+    one token, and promises the batch repeats (true only if the engine starts them all)."""
 
     overflow = EvictLIFO()
 
-    def __init__(self):
-        self.calls = 0
-
     def decide(self, view):
-        self.calls += 1
-        if view.waiting.size:
-            return Batch(start=view.waiting)
-        return Batch(steady_steps=UNTIL_CHANGE)
+        prefills = np.concatenate((view.running, view.waiting))
+        return Batch(start=view.waiting, prefill_chunks={
+            int(r): 1 for r in prefills if view.prefill_len[r] - view.prefilled[r] > 1},
+            steady_steps=UNTIL_CHANGE)
 
 
-def test_the_engine_ignores_a_promise_that_comes_with_a_start():
-    # A start step flagged steady is executed as a normal step.
-    policy = _SteadyLiar()
-    result = replay([4, 4], [6, 6], policy, 100, arrival=[0.0, 2.0])
-    assert result.status == "completed"
-    assert policy.calls == result.decisions < len(result.iterations)
+def test_the_caps_cut_a_start_its_chunk_and_its_promise():
+    # Two prompts of 4 wait at 0 and the engine starts one per step: request 1's chunk is
+    # dropped with it, and the promise is not read (it would hold request 1 back until
+    # request 0's last chunk).
+    runs = [replay([4, 4], [6, 6], _StartsAllSteadily(), 100, max_starts_per_round=1,
+                   fast_forward=switch) for switch in (True, False)]
+    assert_same_run(*runs)
+    assert runs[0].requests["start"].tolist() == [0, 1]
+    assert runs[0].iterations["prefill_tokens"].tolist()[:2] == [1, 2]
+    assert runs[0].decisions < len(runs[0].iterations)  # promises read once both started
 
 
 class _VaguePromise:
@@ -190,9 +192,9 @@ def test_closed_form_backends_price_a_stretch_like_single_steps(timing, chunks,
 
 def test_a_chunked_prompt_asks_the_policy_once_per_phase():
     """A lone 100-token prompt in chunks of 16 (6 full chunks, then 4 tokens): the start,
-    one decision promising the next four chunks, the last chunk; then the first decode,
-    whose stretch ends with the completing step. 16 steps, 4 decisions, results as if
-    asked every step."""
+    promising the next five chunks, the last chunk; then the first decode, whose stretch
+    ends with the completing step. 16 steps, 3 decisions, results as if asked every
+    step."""
     for reserve in (False, True):
         runs = [replay([100], [10], SarathiLike(EvictLIFO(), chunk_size=16,
                                                 reserve_prompt=reserve), 200,
@@ -200,7 +202,7 @@ def test_a_chunked_prompt_asks_the_policy_once_per_phase():
                 for switch in (True, False)]
         assert_same_run(*runs)
         assert runs[0].iterations["prefill_tokens"].tolist()[:8] == [16] * 6 + [4, 0]
-        assert (len(runs[0].iterations), runs[0].decisions) == (16, 4)
+        assert (len(runs[0].iterations), runs[0].decisions) == (16, 3)
 
 
 def serving_view(block: int, capacity: int, prompt, prefilled, generated) -> PolicyView:
@@ -241,16 +243,32 @@ def chunking_views(draw):
                         generated)
 
 
-def test_a_reserved_prompt_promises_until_the_decodes_run_out_of_blocks():
+@pytest.mark.parametrize("prefilled", [4, 0])
+def test_a_reserved_prompt_promises_until_the_decodes_run_out_of_blocks(prefilled):
     # Blocks of 4, 30 of them: the 100-token prompt reserves 26 (101 slots), so the decode
     # (7 slots, 8 after this step) fits while it needs at most 4 blocks: 16 slots, 8 steps
-    # more. Its chunks of 4 would go on for 22 steps before the last one.
-    view = serving_view(4, 120, prompt=[4, 100], prefilled=[4, 4], generated=[3, 0])
+    # more. Its chunks of 4 would go on for 22 steps before the last one (23 when the
+    # decision starts it: prefilled=0, where the promise must count its reservation too).
+    view = serving_view(4, 120, prompt=[4, 100], prefilled=[4, prefilled], generated=[3, 0])
     batch = SarathiLike(EvictLIFO(), chunk_size=5, reserve_prompt=True).decide(view)
     assert batch.prefill_chunks == {1: 4}
+    assert list(batch.start) == ([1] if prefilled == 0 else [])
     assert batch.steady_steps == 8
     unreserved = SarathiLike(EvictLIFO(), chunk_size=5).decide(view)
     assert unreserved.steady_steps == UNTIL_CHANGE  # the engine's KV check is the bound
+
+
+@pytest.mark.parametrize("watermark, chunk, promised", [(0.1, 5, 0), (0.0, 15, UNTIL_CHANGE)])
+def test_a_first_chunk_the_watermark_cut_promises_nothing(watermark, chunk, promised):
+    # Token-exact, M = 100: the decode holds 85 after this step, 15 slots stay free. A
+    # 10-slot watermark leaves the newcomer a first chunk of 5; as a running prefill it
+    # would take 9 of the 9 then free (no watermark for it), so its chunk does not repeat.
+    # Without the watermark it takes all 15, which no later step can repeat: the engine's
+    # KV check ends that stretch.
+    view = serving_view(1, 100, prompt=[5, 200], prefilled=[5, 0], generated=[79, 0])
+    batch = SarathiLike(EvictLIFO(), chunk_size=64, watermark=watermark).decide(view)
+    assert list(batch.start) == [1] and batch.prefill_chunks == {1: chunk}
+    assert batch.steady_steps == promised
 
 
 @pytest.mark.parametrize("capacity, promised", [(36, 0), (40, 3)])
@@ -267,26 +285,33 @@ def test_a_reserved_prompt_promise_counts_a_decode_crossing_into_a_new_block(cap
 
 
 def members(batch: Batch, view: PolicyView) -> np.ndarray:
-    return view.running if batch.advance is None else np.asarray(batch.advance)
+    """The batch's members in the engine's order: ``advance`` (or all running), then starts."""
+    advance = view.running if batch.advance is None else np.asarray(batch.advance)
+    return np.concatenate((advance, np.asarray(batch.start, dtype=np.int64)))
 
 
-def same_batch(a: Batch, b: Batch, view: PolicyView) -> bool:
-    return (np.array_equal(members(a, view), members(b, view))
-            and (a.prefill_chunks or {}) == (b.prefill_chunks or {})
-            and len(a.start) == len(b.start) == 0 and len(a.preempt) == len(b.preempt) == 0)
+def repeats(again: Batch, first: Batch, view: PolicyView, first_view: PolicyView) -> bool:
+    """``again`` (decided from ``view``) runs what ``first`` did, starting nothing new."""
+    return (np.array_equal(members(again, view), members(first, first_view))
+            and (again.prefill_chunks or {}) == (first.prefill_chunks or {})
+            and len(again.start) == len(again.preempt) == 0)
 
 
 @settings(max_examples=400, deadline=None)
-@given(view=chunking_views(), chunk_size=st.integers(1, 64), reserve=st.booleans())
-def test_a_sarathi_promise_holds_for_every_step_it_names(view, chunk_size, reserve):
-    policy = SarathiLike(EvictLIFO(), chunk_size=chunk_size, reserve_prompt=reserve)
-    batch = policy.decide(view)
+@given(view=chunking_views(), chunk_size=st.integers(1, 64), reserve=st.booleans(),
+       watermark=st.sampled_from([0.0, 0.1]))
+def test_a_sarathi_promise_holds_for_every_step_it_names(view, chunk_size, reserve, watermark):
+    policy = SarathiLike(EvictLIFO(), chunk_size=chunk_size, reserve_prompt=reserve,
+                         watermark=watermark)
+    batch, first_view = policy.decide(view), view
     chunks = batch.prefill_chunks or {}  # a prefill not named takes the rest of its prompt
-    prefilling = [r for r in members(batch, view) if view.prefilled[r] < view.prefill_len[r]]
-    if (not batch.steady_steps or len(batch.start) or len(batch.preempt)
+    ran = members(batch, view)
+    prefilling = [r for r in ran if view.prefilled[r] < view.prefill_len[r]]
+    if (not batch.steady_steps or len(batch.preempt)
             or any(r not in chunks for r in prefilling)):
-        return  # the engine reads a promise only when nothing starts or finishes its prompt
-    decoding = [r for r in members(batch, view) if r not in chunks]
+        return  # the engine reads a promise only when no prompt finishes or is preempted
+    decoding = [r for r in ran if r not in chunks]
+    started = np.asarray(batch.start, dtype=np.int64)
 
     def step(view: PolicyView) -> PolicyView:
         """``view`` after the batch runs once more."""
@@ -300,7 +325,9 @@ def test_a_sarathi_promise_holds_for_every_step_it_names(view, chunk_size, reser
         return dataclasses.replace(view, held=held, prefilled=prefilled, generated=generated,
                                    kv_held=int(held.sum()))
 
-    view = step(view)
+    # The engine appends the started requests to the running ones.
+    view = dataclasses.replace(step(view), running=np.concatenate((view.running, started)),
+                               waiting=view.waiting[~np.isin(view.waiting, started)])
     # The promise holds for every step it names, and (short of the engine's own stops) it
     # names them all: the step after it decides otherwise.
     for ahead in range(1, min(batch.steady_steps, 60) + 2):
@@ -310,7 +337,8 @@ def test_a_sarathi_promise_holds_for_every_step_it_names(view, chunk_size, reser
         if (blocks(after.held, view.kv_block_size).sum() * view.kv_block_size
                 > view.kv_capacity):
             break  # as it does before a step that would not fit
-        assert same_batch(policy.decide(view), batch, view) == (ahead <= batch.steady_steps)
+        assert repeats(policy.decide(view), batch, view, first_view) == (
+            ahead <= batch.steady_steps)
         view = after
 
 
