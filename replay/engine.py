@@ -24,7 +24,7 @@ beyond it are cut, keeping the first ones of the policy's list (a prefix keeps
 a lookahead-feasible set feasible). ``max_starts_per_round`` (optional, a
 diagnostic) cuts each step's admissions to that many the same way: at 1 it is
 the "one start per round" setup that the Sorted-F paper's Table 4 totals imply
-(EXPERIMENTS.md C1).
+(EXPERIMENTS.md C1). A cut admission's prefill chunk is dropped with it.
 
 State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
 workload position), so each step costs a handful of vectorised operations over
