@@ -208,7 +208,7 @@ class _ChunkPlan:
                 self.free -= needed
         else:
             chunk = self._chunk(rid, self.free - floor)
-            if 0 < chunk < self._chunk(rid, self.free):
+            if floor and 0 < chunk < self._chunk(rid, self.free):
                 self.watermark_cut = True
         if chunk <= 0:
             return False

@@ -17,9 +17,9 @@ from replay.errors import ConfigError
 def blocks(tokens, block_size: int):
     """Blocks needed to hold ``tokens`` >= 0 slots (elementwise; a Python int for a Python
     int)."""
-    if isinstance(tokens, int):
-        return -(-tokens // block_size)
-    return (np.asarray(tokens) + (block_size - 1)) // block_size
+    if not isinstance(tokens, int):
+        tokens = np.asarray(tokens)
+    return (tokens + (block_size - 1)) // block_size
 
 
 class BlockGrowth:

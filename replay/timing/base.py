@@ -35,8 +35,8 @@ _NO_CHUNKS = np.zeros(0, dtype=np.int64)
 
 @dataclass(frozen=True, slots=True)
 class Stretch:
-    """Consecutive iterations of one batch in which nothing starts, completes or finishes
-    its prompt: the shape the engine fast-forwards.
+    """Consecutive iterations of one batch in which nothing starts or finishes its prompt
+    and nothing completes before the last: the shape the engine fast-forwards.
 
     ``decodes`` requests decode; before the first iteration their contexts sum to
     ``decode_context_sum`` (largest ``decode_context_max``), and each grows by one

@@ -245,9 +245,9 @@ class VidurTiming:
         first out-of-range iteration is left to :meth:`duration`, which counts it)."""
         n, chunk, chunk_context = stretch.decodes, stretch.chunk, stretch.chunk_context
         context_sum, context_max = stretch.decode_context_sum, stretch.decode_context_max
-        if chunk.size and np.count_nonzero(chunk == 1):
+        single = chunk == 1
+        if np.count_nonzero(single):
             # duration() tells decodes by their one new token: a one-token chunk is one.
-            single = chunk == 1
             n += int(single.sum())
             context_sum += int(chunk_context[single].sum())
             context_max = max(context_max, int(chunk_context[single].max()))
