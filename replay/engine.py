@@ -91,9 +91,10 @@ class RunResult:
     decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
 
 
-def _whole(tokens) -> bool:
-    """A token count: an integer, not a bool or a float that would be truncated."""
-    return isinstance(tokens, int | np.integer) and not isinstance(tokens, bool)
+def _whole(value) -> bool:
+    """A request id or token count: an integer, not a bool or a float that would be
+    truncated."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -297,7 +298,8 @@ class Engine:
         if len(chunks) == 1:  # the common case: one prompt only part-done
             ((rid, tokens),) = chunks.items()
             at = np.flatnonzero(members == rid)  # members are distinct (checked)
-            if at.size and _whole(tokens) and 1 <= tokens <= remaining_prompt[at[0]]:
+            if (at.size and _whole(rid) and _whole(tokens)
+                    and 1 <= tokens <= remaining_prompt[at[0]]):
                 chunk[at[0]] = tokens
                 return chunk
         position = self._id_scratch  # zero between uses; 1-based positions while in use
@@ -309,7 +311,8 @@ class Engine:
         position[members] = 0
         bad = ((rids.view(np.uint64) >= position.size) | (k < 0) | (tokens < 1)
                | (tokens > remaining_prompt[k]))
-        bad |= [not _whole(t) for t in chunks.values()]  # fromiter truncates
+        # fromiter truncates floats: an id or a chunk must be a whole number as given.
+        bad |= [not (_whole(rid) and _whole(t)) for rid, t in chunks.items()]
         if np.count_nonzero(bad):
             i = int(np.flatnonzero(bad)[0])
             raise DecisionError(

@@ -97,7 +97,7 @@ def test_chunked_prefill_emits_first_token_with_the_last_chunk():
     ({0: 4}, True), ({0: 4, 1: 10}, True), ({0: np.int64(10), 1: 1}, True),
     ({0: 0}, False), ({0: 11}, False), ({2: 4}, False), ({0: 2.5}, False), ({0: True}, False),
     ({0: 4, 1: 0}, False), ({0: 4, 1: 11}, False), ({0: 4, 2: 4}, False), ({0: 4, -1: 4}, False),
-    ({0: 4, 1: 2.5}, False),
+    ({0: 4, 1: 2.5}, False), ({0: 4, 1.5: 3}, False), ({1.0: 4}, False),
 ])
 def test_prefill_chunks_must_be_whole_tokens_of_a_remaining_prompt(chunks, valid):
     # Requests 0 and 1 (prompts of 10) start with the chunks; request 2 is not in the batch.
