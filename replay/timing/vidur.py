@@ -246,9 +246,10 @@ class VidurTiming:
         n, chunk, chunk_context = stretch.decodes, stretch.chunk, stretch.chunk_context
         context_sum, context_max = stretch.decode_context_sum, stretch.decode_context_max
         single = chunk == 1
-        if np.count_nonzero(single):
+        n_single = int(np.count_nonzero(single))
+        if n_single:
             # duration() tells decodes by their one new token: a one-token chunk is one.
-            n += int(single.sum())
+            n += n_single
             context_sum += int(chunk_context[single].sum())
             context_max = max(context_max, int(chunk_context[single].max()))
             chunk, chunk_context = chunk[~single], chunk_context[~single]
