@@ -164,7 +164,11 @@ def _solve_highs(inst, latest, hint, time_limit_s, workers):
 
     ti = time_indexed(inst, latest)
     a = inst.arrival
-    h = highspy.Highs()
+    # highspy's Highs() registers its Python callbacks in its constructor, which from
+    # highspy 1.16 prints HiGHS's banner before output_flag can be turned off: a line on
+    # stdout per solve (per trial of a study). Its base class is HiGHS's solver itself,
+    # without those callbacks, which this solve does not use.
+    h = highspy._Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("threads", int(workers))
