@@ -7,19 +7,17 @@ import tomllib
 
 from tests.conftest import REPO
 
+LISTED = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+
 
 def test_every_source_package_is_in_the_wheel():
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
     found = {".".join(init.parent.relative_to(REPO).parts)
              for top in ("replay", "policies", "traces") for init in (REPO / top).rglob(
                  "__init__.py")}
-    assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"
+    assert found <= LISTED, f"packages missing from pyproject.toml: {sorted(found - LISTED)}"
 
 
 def test_every_config_group_is_a_listed_package():
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
     groups = {".".join(("kvsched_configs", *folder.relative_to(REPO / "configs").parts))
               for folder in (REPO / "configs").rglob("*") if folder.is_dir()}
-    assert groups <= listed, f"config groups missing from pyproject.toml: {sorted(groups - listed)}"
+    assert groups <= LISTED, f"config groups missing from pyproject.toml: {sorted(groups - LISTED)}"
