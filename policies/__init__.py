@@ -1,5 +1,5 @@
 """Scheduling policies. Each is one small module plus one ``configs/policy/*.yaml``.
 
-A policy implements :class:`replay.policy.Policy`: ``decide(view) -> Batch`` and an
-``overflow`` rule. Shared logic lives in :mod:`replay.lookahead`.
+A policy implements :class:`replay.engine.policy.Policy`: ``decide(view) -> Batch`` and an
+``overflow`` rule. Shared logic lives in :mod:`policies.common.lookahead`.
 """

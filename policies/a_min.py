@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.common.lookahead import peak_kv, running_profile
 from policies.sorted_f import SortedF
+from replay.engine.policy import PolicyView
 from replay.errors import ConfigError
-from replay.lookahead import peak_kv, running_profile
-from replay.policy import PolicyView
 
 VARIANTS = ("a_min", "a_max", "optimistic")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replay.lookahead import PeakHint, start_admissible
-from replay.policy import Batch, OverflowRule, PolicyView
+from policies.common.lookahead import PeakHint, start_admissible
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 
 
 @dataclass

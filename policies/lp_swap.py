@@ -2,7 +2,7 @@
 
 Walking the remaining requests in ascending LP mean start ``y`` (ties by id), take
 the greedy set under ``sum (s + o) <= M`` (skipping misfits), improve it with
-Sorted-F's one-in-one-out swap (:func:`replay.fmetric.improve_by_swaps`), sort it
+Sorted-F's one-in-one-out swap (:func:`policies.common.fmetric.improve_by_swaps`), sort it
 by ``(o, id)``, append it and remove it; then Phase 2. Everything else (LP, grid,
 method, recording, replanning) is :class:`policies.sorted_lp.SortedLP`'s.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.common.fmetric import batches_to_order, greedy_fill, improve_by_swaps
 from policies.sorted_lp import SortedLP
-from replay.fmetric import batches_to_order, greedy_fill, improve_by_swaps
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replay.lookahead import PeakHint, start_admissible
-from replay.ordering import KeptOrder
-from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+from policies.common.lookahead import PeakHint, start_admissible
+from policies.common.ordering import KeptOrder
+from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 
 @dataclass
@@ -15,7 +15,7 @@ class MCSF:
     output length (ties: earlier arrival, then id; engine ids already encode that
     order). Stops at the first request that fails the lookahead check.
 
-    Cost per decision: keeping the order across steps (:class:`replay.ordering.KeptOrder`:
+    Cost per decision: keeping the order across steps (:class:`policies.common.ordering.KeptOrder`:
     nothing while the queue is unchanged, else ``O(waiting)`` vectorised work, no sort
     of the whole queue) plus ``O(log k)`` vectorised checks, independent of the trace
     length.

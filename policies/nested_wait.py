@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.common.staging import first_per_group
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
-from replay.fluid import TypeMix, condition_12, scale_thresholds, segment_edges, segment_tails
-from replay.policy import Batch, OverflowRule, PolicyView
-from replay.staging import first_per_group
+from replay.fluid.model import TypeMix, condition_12, scale_thresholds, segment_edges, segment_tails
 
 
 @dataclass

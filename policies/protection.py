@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
-from replay.policy import Batch, OverflowRule, PolicyView
 
 
 @dataclass

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.paging import BlockGrowth, blocks, check_serving_limits, preempt_latest_until_fit
-from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+from policies.common.serving import check_serving_limits, preempt_latest_until_fit
+from replay.engine.paging import BlockGrowth, blocks
+from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 #: How far ahead a decision with reserved prompt chunks is checked for repeating (a longer

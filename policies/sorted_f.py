@@ -1,15 +1,15 @@
 """Sorted-F (POLICIES.md §8): batches by the F metric, executed with the lookahead check.
 
-Phase 1 (:mod:`replay.fmetric`) splits the waiting requests into sets minimising
+Phase 1 (:mod:`policies.common.fmetric`) splits the waiting requests into sets minimising
 ``F(X) = sum o / |X|^2`` under ``phase1_feasibility`` (``peak_sum``, the paper's
 rule, or ``staggered``), each sorted by ``(o, id)``; Phase 2 admits from the
 resulting order while the shared lookahead check passes and stops at the first
-failure (:mod:`replay.planned`). Choices the spec settles and this implements:
+failure (:mod:`policies.common.planned`). Choices the spec settles and this implements:
 
 * a request is active for ``o`` rounds, not the ``o + 1`` of the paper's
   Algorithm 1 (that is what reproduces the worked example C3);
 * ties in F go to the larger set (``dp``); ``swap`` and ``quantile`` follow the
-  spec's scan orders and quantile rule (see :mod:`replay.fmetric`);
+  spec's scan orders and quantile rule (see :mod:`policies.common.fmetric`);
 * with arrivals over time, Phase 1 is rerun over all waiting requests whenever a
   new one waits (receding horizon); running requests are never touched;
 * Phase 1 plans with the view's point estimate of ``o`` (the truth under
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.fmetric import check_options, phase1_order
-from replay.lookahead import admissible_prefix, remaining_iterations
-from replay.planned import PlannedQueue
-from replay.policy import Batch, OverflowRule, PolicyView
+from policies.common.fmetric import check_options, phase1_order
+from policies.common.lookahead import admissible_prefix, remaining_iterations
+from policies.common.planned import PlannedQueue
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 
 
 @dataclass

@@ -2,15 +2,15 @@
 with the lookahead check.
 
 Phase 1 solves the LP relaxation of the hindsight program
-(:func:`replay.hindsight.lp.lp_bound`, the same LP as the hindsight study's bound,
+(:func:`replay.bounds.lp.lp_bound`, the same LP as the hindsight study's bound,
 here without tail cuts) over the waiting requests, all treated as arriving now,
 and orders them by ``y_i = sum_t t x_it`` ascending (ties by id). Phase 2 is
-Sorted-F's (:mod:`replay.planned`, shared lookahead check).
+Sorted-F's (:mod:`policies.common.planned`, shared lookahead check).
 
 * Time grid: ``grid`` rounds per LP bucket, or ``auto``: the finest grid whose
   first LP has at most ``max_columns`` start variables and ``max_nonzeros``
   memory-matrix entries. ``grid = 1`` is the
-  paper's LP; coarser grids solve a weaker relaxation (:func:`replay.hindsight.lp.bucketed`).
+  paper's LP; coarser grids solve a weaker relaxation (:func:`replay.bounds.lp.bucketed`).
 * ``method``: SciPy's HiGHS method. The LP often has several optima, and which
   one the solver returns changes the order, so the method is recorded.
 * The LP's method, status, objective, bound, time, horizon and grid of every plan
@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.common.lookahead import admissible_prefix, remaining_iterations
+from policies.common.planned import PlannedQueue
+from replay.bounds.instance import Instance
+from replay.bounds.lp import LPBound, auto_grid, lp_bound
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError, SolverError
-from replay.hindsight.instance import Instance
-from replay.hindsight.lp import LPBound, auto_grid, lp_bound
-from replay.lookahead import admissible_prefix, remaining_iterations
-from replay.planned import PlannedQueue
-from replay.policy import Batch, OverflowRule, PolicyView
 
 METHODS = ("highs-ipm", "highs-ds", "highs")
 

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.common.serving import check_serving_limits, preempt_latest_until_fit
+from replay.engine.paging import blocks
+from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
-from replay.paging import blocks, check_serving_limits, preempt_latest_until_fit
-from replay.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

@@ -19,7 +19,7 @@ equilibrium's per-stage count for a batch of about ``batch_limit`` requests),
 ``paper_printed`` (the formula in the paper's experiments section, which starves
 long types) or ``condition_11`` (the smallest rate-proportional thresholds meeting
 the paper's condition (11) for the linear coefficients ``d0, d1, d2``); see
-:func:`replay.fluid.wait_thresholds`. ``n`` gives them directly instead.
+:func:`replay.fluid.model.wait_thresholds`. ``n`` gives them directly instead.
 Overflow (a batch over ``M``) is handled by the engine's rule, ``evict_lifo`` by
 default; evicted requests restart at stage 0.
 """
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.common.staging import first_per_group
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
-from replay.fluid import TypeMix, condition_11, wait_thresholds
-from replay.policy import Batch, OverflowRule, PolicyView
-from replay.staging import first_per_group
+from replay.fluid.model import TypeMix, condition_11, wait_thresholds
 
 
 @dataclass

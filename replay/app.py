@@ -24,10 +24,11 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.cli import error_summary, fail, input_error_message, is_input_error, register_resolvers
+from replay.cli import error_summary, fail, input_error_message, is_input_error
+from replay.config import CONFIG_DIR, register_resolvers
 from replay.errors import InputError
 from replay.outputs import atomic_write_text
-from replay.run import CONFIG_DIR, run
+from replay.run import run
 from replay.validate import validate_config
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir

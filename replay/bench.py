@@ -23,17 +23,11 @@ import time
 import numpy as np
 from hydra.utils import instantiate
 
-from replay.hindsight.instance import Instance
-from replay.hindsight.lp import (
-    area_rounds,
-    auto_grid,
-    bucketed,
-    latest_starts,
-    lp_bound,
-    time_indexed,
-)
-from replay.run import build_and_run, compose_config
-from replay.workloads import Synthetic
+from replay.bounds.instance import Instance
+from replay.bounds.lp import area_rounds, auto_grid, bucketed, latest_starts, lp_bound, time_indexed
+from replay.config import compose_config
+from replay.run import build_and_run
+from replay.workloads.synthetic import Synthetic
 
 #: Named scenarios: the threshold policies on their own workloads (EXPERIMENTS.md B).
 SCENARIOS = {

@@ -7,7 +7,6 @@ rejected value reads the same everywhere.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -35,7 +34,7 @@ def fail(message: object) -> NoReturn:
 
 def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
     """The config ``python -m replay OVERRIDES`` would run, or exit 2 naming what is wrong."""
-    from replay.run import compose_config
+    from replay.config import compose_config
 
     try:
         return compose_config(overrides)
@@ -118,32 +117,3 @@ class SweepReport:
     def on_compose_config(self, config, config_name, overrides) -> None: ...
 
 
-#: File names are limited to 255 bytes on common file systems.
-MAX_DIRNAME_BYTES = 255
-
-
-def job_dirname(override_dirname: str) -> str:
-    """A sweep job's folder name from its overrides, kept inside the sweep folder.
-
-    Path-valued overrides (``workload.path=../x.csv``) would otherwise put ``/`` and
-    ``..`` into the name: each ``/`` becomes ``%2F`` and a name that is only dots is
-    prefixed, so every job folder is a direct child of ``hydra.sweep.dir``. A name
-    longer than a file name may be (many overrides, or a dict-valued one) keeps its
-    first bytes and ends with a hash of the whole, so it stays unique and the same
-    on a rerun (the resume finds it).
-    """
-    name = override_dirname.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C")
-    name = f"_{name}" if set(name) <= {"."} else name
-    encoded = name.encode()
-    if len(encoded) > MAX_DIRNAME_BYTES:
-        digest = hashlib.sha256(encoded).hexdigest()[:16]
-        kept = encoded[: MAX_DIRNAME_BYTES - len(digest) - 1].decode(errors="ignore")
-        name = f"{kept}~{digest}"
-    return name
-
-
-def register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("job_dirname"):
-        OmegaConf.register_new_resolver("job_dirname", job_dirname)

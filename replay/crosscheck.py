@@ -63,9 +63,10 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from replay.cli import run_or_exit
+from replay.config import compose_config
 from replay.errors import InputError
-from replay.plots import plt, save_figure
-from replay.run import compose_config, run
+from replay.experiments.plots.common import plt, save_figure
+from replay.run import run
 
 #: Cases: workload -> (low rate, high rate) in requests/s, around the capacity of
 #: Llama-2-70B TP2 with 1,030 blocks of 16 tokens (D1's trial runs).

@@ -8,8 +8,10 @@ machine with internet access ``python -m traces.fetch`` downloads them there.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import quote
 
 from replay.errors import InputError
 
@@ -55,3 +57,20 @@ def file_record(path: str | Path) -> dict:
     st = p.stat()
     return {"path": str(p), "sha256": _sha256(str(p), st.st_mtime_ns, st.st_size),
             "bytes": st.st_size}
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A data file: where it goes under the data directory, where it comes from, its hash."""
+
+    relpath: str
+    repo: str
+    commit: str
+    repo_path: str
+    sha256: str
+    size: int
+
+    @property
+    def url(self) -> str:
+        return (f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/"
+                f"{quote(self.repo_path)}")

@@ -17,34 +17,19 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from replay.cli import register_resolvers
-from replay.engine import Engine, RunResult
+from replay.engine.loop import Engine, RunResult
+from replay.engine.metrics import summarize
+from replay.engine.requests import RequestError, Requests
 from replay.errors import ConfigError
-from replay.fluid import TypeMix, equilibrium, linear_coefficients, stability_boundary
-from replay.metrics import summarize
+from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stability_boundary
 from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
-from replay.prediction import error_summary, predict
-from replay.requests import RequestError, Requests
+from replay.workloads.prediction import error_summary, predict
 
 log = logging.getLogger(__name__)
 
-def _config_dir() -> Path:
-    """``configs/`` of a source checkout, else the installed ``kvsched_configs`` package."""
-    checkout = Path(__file__).resolve().parent.parent / "configs"
-    if (checkout / "config.yaml").is_file():
-        return checkout
-    import kvsched_configs
-
-    return Path(kvsched_configs.__file__).resolve().parent
-
-
-#: The Hydra config tree of the project (``configs/`` at the repository root).
-CONFIG_DIR = _config_dir()
 
 RECORDED_PACKAGES = ("kvsched", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf",
                      "scipy", "highspy", "ortools", "scikit-learn", "vidur")
@@ -58,16 +43,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
-
-
-def compose_config(overrides=()) -> DictConfig:
-    """The config ``python -m replay OVERRIDES`` would run, for scripts and tests
-    (and for studies, inside a running Hydra app, which has Hydra initialised)."""
-    register_resolvers()
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="config", overrides=list(overrides))
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def make_requests(workload, arrivals, seed: int, time_unit: str,
@@ -99,7 +74,7 @@ def make_requests(workload, arrivals, seed: int, time_unit: str,
 
 
 def with_predictions(requests: Requests, predictor, kv_tokens: int, seed: int) -> Requests:
-    """Fill the predicted intervals (:mod:`replay.prediction`) from the predictor's own
+    """Fill the predicted intervals (:mod:`replay.workloads.prediction`) from the predictor's own
     seeded stream, so that the lengths and arrivals do not depend on the predictor."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xB2]))
     lo, hi = predict(predictor, requests.prompt_len, requests.output_len, kv_tokens, rng)
@@ -108,8 +83,9 @@ def with_predictions(requests: Requests, predictor, kv_tokens: int, seed: int) -
 
 def fluid_benchmark(types, cfg: DictConfig) -> dict:
     """The fluid equilibrium of a typed workload's (effective) rates, recorded with its run,
-    under the linear coefficients the config implies (:func:`replay.fluid.linear_coefficients`):
-    they define the stability boundary the B figures mark."""
+    under the linear coefficients the config implies
+    (:func:`replay.fluid.model.linear_coefficients`): they define the stability boundary
+    the B figures mark."""
     mix = TypeMix.from_types(list(types))
     c = linear_coefficients(cfg)
     return {"coefficients": c, "total_rate": float(mix.rate.sum()), "rates": mix.rate.tolist(),

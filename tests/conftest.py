@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.engine import Engine, RunResult
-from replay.kv import explicit
-from replay.requests import Requests
+from replay.engine.kv import explicit
+from replay.engine.loop import Engine, RunResult
+from replay.engine.requests import Requests
 from replay.timing import UnitTiming
 from replay.timing.base import BatchShape, Stretch
 

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from replay.studies.alpha_search import smallest_finishing
+from replay.experiments.studies.alpha_search import smallest_finishing
 from tests.test_cli import run_cli
 
 

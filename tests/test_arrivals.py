@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay.arrivals import (
+from replay.workloads.arrivals import (
     AllAtOnce,
     ArrivalError,
     PiecewisePoisson,

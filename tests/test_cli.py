@@ -96,7 +96,7 @@ def test_bad_input_is_one_error_line_without_traceback(tmp_path):
 
 
 def test_long_job_folder_names_are_cut_to_a_file_name_with_a_hash_of_the_whole():
-    from replay.cli import MAX_DIRNAME_BYTES, job_dirname
+    from replay.config import MAX_DIRNAME_BYTES, job_dirname
 
     overrides = ",".join(f"option_{k}=value_{k}" for k in range(40))
     name = job_dirname(overrides)

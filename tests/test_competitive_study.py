@@ -9,9 +9,14 @@ import pandas as pd
 import pytest
 from hydra.utils import instantiate
 
+from replay.config import compose_config
 from replay.errors import InputError
-from replay.run import compose_config
-from replay.studies.competitive import COLUMNS, run_trial, sample_trial, summarize_trials
+from replay.experiments.studies.competitive import (
+    COLUMNS,
+    run_trial,
+    sample_trial,
+    summarize_trials,
+)
 
 
 def study_config(name: str, *overrides: str):

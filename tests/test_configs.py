@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
 
-from replay.run import CONFIG_DIR, compose_config
+from replay.config import CONFIG_DIR, compose_config
 from tests.conftest import DATA_DIR
 
 CONFIGS = CONFIG_DIR

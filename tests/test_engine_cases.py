@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
 from policies.protection import AlphaProtection
-from replay.engine import DecisionError
-from replay.overflow import ClearAll, ClearEachWithProb, EvictLIFO
-from replay.policy import Batch
+from replay.engine.loop import DecisionError
+from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
+from replay.engine.policy import Batch
 from replay.timing import LinearTiming
 from tests.conftest import replay
 
@@ -281,9 +281,9 @@ def test_starts_out_of_queue_order_are_checked_one_by_one(start, reason):
 
 
 def test_block_size_counts_whole_blocks():
-    from replay.engine import Engine
-    from replay.kv import explicit
-    from replay.requests import Requests
+    from replay.engine.kv import explicit
+    from replay.engine.loop import Engine
+    from replay.engine.requests import Requests
     from replay.timing import UnitTiming
 
     # Blocks of 4: a request holding 4 slots needs 1 block, at 5 slots 2 blocks (8 slots).
@@ -309,7 +309,7 @@ def test_block_size_counts_whole_blocks():
                 min_size=1, max_size=40), st.integers(0, 10_000))
 def test_kept_order_equals_sorting_the_waiting_queue_every_step(steps, seed):
     """KeptOrder under arbitrary joins and departures gives lexsort's order each step."""
-    from replay.ordering import KeptOrder
+    from policies.common.ordering import KeptOrder
 
     rng = np.random.default_rng(seed)
     n = 40
@@ -324,7 +324,7 @@ def test_kept_order_equals_sorting_the_waiting_queue_every_step(steps, seed):
 
 
 def test_kept_order_reuses_its_order_only_for_the_same_read_only_queue():
-    from replay.ordering import KeptOrder
+    from policies.common.ordering import KeptOrder
 
     key = np.array([5, 1, 3, 2])
     kept, queue = KeptOrder(), np.array([0, 1, 2])
@@ -344,7 +344,7 @@ def test_kept_order_reuses_its_order_only_for_the_same_read_only_queue():
 def test_waiting_queue_matches_a_plain_array_and_keeps_old_views(operations, seed):
     """WaitingQueue equals rebuilding a plain array, and a view handed out earlier keeps
     reading the queue as it was (policies may hold on to one)."""
-    from replay.waiting import WaitingQueue
+    from replay.engine.waiting import WaitingQueue
 
     rng = np.random.default_rng(seed)
     queue, model, next_id, views = WaitingQueue(), np.zeros(0, dtype=np.int64), 0, []

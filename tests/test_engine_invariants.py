@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
 from policies.protection import AlphaProtection
-from replay.overflow import ClearAll, ClearEachWithProb, EvictLIFO
+from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
 from replay.timing import LinearTiming, UnitTiming
 from tests.conftest import replay
 

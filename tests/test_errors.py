@@ -7,9 +7,9 @@ import pytest
 
 from policies.fcfs import FCFSLookahead
 from replay.data import MissingDataError
-from replay.overflow import EvictLIFO
-from replay.requests import RequestError, Requests
-from replay.workloads import CsvTrace
+from replay.engine.overflow import EvictLIFO
+from replay.engine.requests import RequestError, Requests
+from replay.workloads.files import CsvTrace
 from tests.conftest import replay
 
 

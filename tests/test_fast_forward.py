@@ -14,11 +14,11 @@ from policies.mcsf import MCSF
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
-from replay.engine import DecisionError
-from replay.histogram import LogHistogram
-from replay.overflow import ClearAll, EvictLIFO
-from replay.paging import BlockGrowth, blocks
-from replay.policy import UNTIL_CHANGE, Batch, PolicyView
+from replay.engine.histogram import LogHistogram
+from replay.engine.loop import DecisionError
+from replay.engine.overflow import ClearAll, EvictLIFO
+from replay.engine.paging import BlockGrowth, blocks
+from replay.engine.policy import UNTIL_CHANGE, Batch, PolicyView
 from replay.timing import LinearTiming, UnitTiming
 from tests.conftest import replay, stretch_and_steps
 from tests.test_serving_policies import paged_instances

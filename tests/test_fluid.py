@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from replay.errors import ConfigError
-from replay.fluid import (
+from replay.fluid.model import (
     TypeMix,
     condition_11,
     condition_12,

@@ -13,8 +13,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from policies.mcsf import MCSF
-from replay.engine import Engine
-from replay.hindsight.instance import (
+from replay.bounds.instance import (
     Instance,
     disjoint_tails,
     is_feasible,
@@ -24,12 +23,13 @@ from replay.hindsight.instance import (
     symmetry_groups,
     tel,
 )
-from replay.hindsight.ip import exhaustive_optimum, solve
-from replay.hindsight.lp import lp_bound, tail_rows, time_indexed
-from replay.kv import explicit
-from replay.overflow import EvictLIFO
-from replay.policy import Batch
-from replay.requests import Requests
+from replay.bounds.ip import exhaustive_optimum, solve
+from replay.bounds.lp import lp_bound, tail_rows, time_indexed
+from replay.engine.kv import explicit
+from replay.engine.loop import Engine
+from replay.engine.overflow import EvictLIFO
+from replay.engine.policy import Batch
+from replay.engine.requests import Requests
 from replay.timing.simple import UnitTiming
 
 
@@ -102,7 +102,7 @@ def test_highs_matches_exhaustive_in_its_own_process():
     # highspy and ortools cannot be loaded into one process (their HiGHS builds clash).
     code = (
         "from tests.test_hindsight import tiny_instances, mcsf_starts\n"
-        "from replay.hindsight import solve, exhaustive_optimum\n"
+        "from replay.bounds import solve, exhaustive_optimum\n"
         "for inst in tiny_instances(20):\n"
         "    r = solve(inst, mcsf_starts(inst)[0], solver='highs', time_limit_s=20)\n"
         "    assert r.status == 'optimal' and r.objective == exhaustive_optimum(inst)[0], r\n"

@@ -7,8 +7,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import replay.iteration_log as iteration_log
-from replay.iteration_log import ITERATION_COLUMNS, ITERATION_DTYPES, IterationLog
+import replay.engine.iteration_log as iteration_log
+from replay.engine.iteration_log import ITERATION_COLUMNS, ITERATION_DTYPES, IterationLog
 
 #: A step row, or a stretch given by its length and first start time.
 _PARTS = st.lists(st.one_of(st.tuples(st.just("row"), st.integers(0, 9)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from replay.kv import explicit, gqa_formula, mha_formula
+from replay.engine.kv import explicit, gqa_formula, mha_formula
 
 LLAMA2_70B = OmegaConf.load("configs/model/llama2_70b.yaml")
 LLAMA2_7B = OmegaConf.load("configs/model/llama2_7b.yaml")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay import lookahead
-from replay.lookahead import (
+from policies.common import lookahead
+from policies.common.lookahead import (
     PeakHint,
     _peak_with_one_more,
     admissible_prefix,
@@ -18,7 +18,7 @@ from replay.lookahead import (
     peak_kv,
     start_admissible,
 )
-from replay.policy import PolicyView
+from replay.engine.policy import PolicyView
 
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=0, max_size=30)
 

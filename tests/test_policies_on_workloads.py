@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from replay.metrics import summarize
-from replay.run import build_and_run, compose_config
+from replay.config import compose_config
+from replay.engine.metrics import summarize
+from replay.run import build_and_run
 
 
 def replay_a3_small(*overrides: str) -> dict:

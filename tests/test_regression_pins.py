@@ -14,7 +14,8 @@ import hashlib
 import pandas as pd
 import pytest
 
-from replay.run import build_and_run, compose_config
+from replay.config import compose_config
+from replay.run import build_and_run
 
 REQUEST_COLUMNS = ["request_id", "source_row", "arrival", "prompt_len", "output_len", "start",
                    "first_token", "completion", "evictions", "tokens_generated", "latency",
@@ -38,7 +39,7 @@ PINNED = {
                           "kv.tokens=100"], "completed", "b4317568e46363d3", "a89c59399d10333f"),
     "fcfs_paged": (["policy=fcfs", "arrivals.rate=50", "workload.n=400", "kv.tokens=4200",
                     "kv.block_size=16"], "completed", "757547876468d36c", "0745edd0e9974c4d"),
-    # Pinned before MC-SF kept its order across steps (replay.ordering): evicted requests
+    # Pinned before MC-SF kept its order across steps (policies.common.ordering): evicted requests
     # rejoin the order (noisy predictions, 366 evictions), and a long overloaded queue.
     "mcsf_noisy_evictions": (["policy=mcsf", "prediction=noisy", "prediction.sigma=1", *SMALL],
                              "completed", "fd8d7f4acc72b9b5", "7e1ec4bbb7973797"),

@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replay.report import build_report
-from replay.reproduce import TARGETS, run_target
+from replay.experiments.report import build_report
+from replay.experiments.targets import TARGETS
+from replay.reproduce import run_target
 from tests.conftest import DATA_DIR
 
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from replay.config import compose_config
 from replay.errors import InputError
 from replay.results import collect, query
-from replay.run import compose_config, run
+from replay.run import run
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_bad_queries_and_missing_tables_are_input_errors(runs, tmp_path):
 def test_figures_read_the_kept_table_and_ignore_it_once_a_run_is_newer(runs, tmp_path):
     import os
 
-    from replay.plots import sweep_table
+    from replay.experiments.plots.common import sweep_table
 
     sweep = runs / "sweep"
     gathered = sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"})

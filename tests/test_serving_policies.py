@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
+from replay.engine.overflow import ClearAll, EvictLIFO
+from replay.engine.policy import Batch
 from replay.errors import ConfigError
-from replay.overflow import ClearAll, EvictLIFO
-from replay.policy import Batch
 from replay.timing import LinearTiming
 from tests.conftest import replay
 from tests.test_engine_invariants import TIMINGS, check_invariants

@@ -10,10 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.a_min import AMin
-from policies.mcsf import MCSF
-from policies.sorted_f import SortedF
-from replay.errors import ConfigError
-from replay.fmetric import (
+from policies.common.fmetric import (
     check_options,
     f_metric,
     fits,
@@ -22,10 +19,13 @@ from replay.fmetric import (
     select_quantile,
     select_swap,
 )
-from replay.lookahead import peak_kv
-from replay.overflow import EvictLIFO
-from replay.prediction import Bucketed, Exact, Noisy, Ratio, predict
+from policies.common.lookahead import peak_kv
+from policies.mcsf import MCSF
+from policies.sorted_f import SortedF
+from replay.engine.overflow import EvictLIFO
+from replay.errors import ConfigError
 from replay.timing import LinearTiming
+from replay.workloads.prediction import Bucketed, Exact, Noisy, Ratio, predict
 from tests.conftest import replay
 from tests.test_engine_invariants import check_invariants, instances
 
@@ -153,9 +153,9 @@ def test_a_min_a_max_optimistic_equal_sorted_f_under_exact_predictions(instance,
 
 
 def run_with_intervals(s, o, kv, policy, lo, hi, arrival=None):
-    from replay.engine import Engine
-    from replay.kv import explicit
-    from replay.requests import Requests
+    from replay.engine.kv import explicit
+    from replay.engine.loop import Engine
+    from replay.engine.requests import Requests
     from replay.timing import UnitTiming
 
     a = np.zeros(len(s)) if arrival is None else arrival

@@ -12,10 +12,10 @@ from policies.lp_swap import LPSwap
 from policies.mcsf import MCSF
 from policies.sorted_f import SortedF
 from policies.sorted_lp import SortedLP
+from replay.bounds.instance import Instance
+from replay.bounds.lp import auto_grid, bucket_coefficients, bucketed, lp_bound, time_indexed
+from replay.engine.overflow import EvictLIFO
 from replay.errors import ConfigError, SolverError
-from replay.hindsight.instance import Instance
-from replay.hindsight.lp import auto_grid, bucket_coefficients, bucketed, lp_bound, time_indexed
-from replay.overflow import EvictLIFO
 from tests.conftest import replay
 from tests.test_engine_invariants import check_invariants, instances
 from tests.test_sorted_f import C3

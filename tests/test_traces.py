@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from replay.data import RemoteFile
+from replay.engine.requests import Requests
 from replay.errors import InputError
-from replay.requests import Requests
-from replay.workloads import CsvTrace
+from replay.workloads.files import CsvTrace
 from tests.conftest import REPO
 from traces import stats
 from traces.build import build, main, word_count
-from traces.fetch import TRACE_FILES, FetchError, RemoteFile, fetch, sha256_of
+from traces.fetch import TRACE_FILES, FetchError, fetch, sha256_of
 
 LMSYS_RECORDS = [
     {"conversation": [{"role": "user", "content": "What is KV cache?"},

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from policies.nested_wait import NestedWait
 from policies.wait import Wait
-from replay.engine import Engine
+from replay.config import compose_config
+from replay.engine.kv import explicit
+from replay.engine.loop import Engine
+from replay.engine.overflow import EvictLIFO
+from replay.engine.requests import Requests
 from replay.errors import ConfigError
-from replay.kv import explicit
-from replay.overflow import EvictLIFO
-from replay.requests import Requests
-from replay.run import build_and_run, compose_config
+from replay.run import build_and_run
 from replay.timing import UnitTiming
 from tests.test_engine_invariants import TIMINGS, check_invariants
 

@@ -10,16 +10,22 @@ import pytest
 from hydra.utils import instantiate
 from scipy.stats import norm
 
-from replay.arrivals import AllAtOnce, ArrivalError, PiecewisePoisson, Poisson, TraceTimestamps
+from replay.config import CONFIG_DIR, compose_config
 from replay.data import MissingDataError
-from replay.requests import RequestError
-from replay.run import CONFIG_DIR, compose_config, make_requests, run
-from replay.workloads import (
-    CsvTrace,
+from replay.engine.requests import RequestError
+from replay.run import make_requests, run
+from replay.workloads.arrivals import (
+    AllAtOnce,
+    ArrivalError,
+    PiecewisePoisson,
+    Poisson,
+    TraceTimestamps,
+)
+from replay.workloads.composite import Mixed, apportion
+from replay.workloads.files import CsvTrace
+from replay.workloads.synthetic import (
     FittedLognormal,
-    Mixed,
     Synthetic,
-    apportion,
     discretised_lognormal_mean,
     fit_lognormal_lengths,
 )

@@ -16,29 +16,10 @@ import hashlib
 import os
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
+from replay.data import RemoteFile
 from replay.errors import InputError
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """A data file: where it goes under the data directory, where it comes from, its hash."""
-
-    relpath: str
-    repo: str
-    commit: str
-    repo_path: str
-    sha256: str
-    size: int
-
-    @property
-    def url(self) -> str:
-        return (f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/"
-                f"{quote(self.repo_path)}")
-
 
 _VIDUR = "microsoft/vidur"
 TRACE_FILES: tuple[RemoteFile, ...] = (

@@ -18,9 +18,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from replay.cli import compose_or_exit, fail, run_or_exit
-from replay.requests import Requests
+from replay.engine.requests import Requests
 from replay.run import make_requests
-from replay.workloads import output_length_types
+from replay.workloads.typed import output_length_types
 
 STATISTICS = ("count", "mean", "median", "p90", "p99", "max")
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import pandas as pd
 
 from replay.cli import run_or_exit
+from replay.config import compose_config
 from replay.data import require_file
-from replay.run import compose_config
 from replay.timing import aiconfigurator, attention_7b
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
 

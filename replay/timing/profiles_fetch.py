@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces.fetch import RemoteFile
+from replay.data import RemoteFile
 
 VIDUR_REPO = "microsoft/vidur"
 ATTENTION_70B_COMMIT = "e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a"

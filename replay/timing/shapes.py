@@ -24,7 +24,7 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from replay.cli import run_or_exit
-from replay.run import compose_config
+from replay.config import compose_config
 from replay.timing.base import BatchShape
 
 MODEL_HARDWARE = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"))

@@ -1,0 +1,1 @@
+"""The simulator core: the step loop, its state and the contract a policy fulfils."""

@@ -1,0 +1,684 @@
+"""The iteration-level replay engine (MODEL.md §3): one engine for every policy and backend.
+
+The engine owns the clock, the arrival stream, KV accounting, evictions,
+completions and metrics. At every step it releases arrivals, asks the policy
+for a :class:`~replay.engine.policy.Batch`, checks the KV the batch would hold after
+the iteration against ``M`` (applying the policy's overflow rule and charging
+the failed attempt if it does not fit), prices the iteration with the timing
+backend, and advances every request in the batch.
+
+Two semantics are options (MODEL.md §3.4), both recorded in every summary:
+
+* ``preemption``: what an evicted or preempted request keeps. ``restart`` (the
+  papers' model): nothing; it prefills its prompt again. ``recompute``
+  (vLLM's): the tokens it emitted; readmitted, it prefills ``s + generated``
+  tokens in one attempt (chunkable), the last prefill iteration emits its next
+  token, and it continues. Its first-token time and token gaps carry over.
+* ``requeue``: where it re-enters the waiting queue. ``front``: at its original
+  arrival position; ``back``: behind everything waiting, as if newly arrived.
+  The queue order is a per-request key assigned when a request enters the
+  queue (arrival, or ``back`` requeue); the view's ``waiting`` is in key order.
+
+``max_running`` (optional) caps the running set for every policy: admissions
+beyond it are cut, keeping the first ones of the policy's list (a prefix keeps
+a lookahead-feasible set feasible). ``max_starts_per_round`` (optional, a
+diagnostic) cuts each step's admissions to that many the same way: at 1 it is
+the "one start per round" setup that the Sorted-F paper's Table 4 totals imply
+(EXPERIMENTS.md C1). A cut admission's prefill chunk is dropped with it.
+
+State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
+workload position), so each step costs a handful of vectorised operations over
+the batch and the waiting queue, never over the whole trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from replay.engine.histogram import LogHistogram
+from replay.engine.iteration_log import IterationLog
+from replay.engine.kv import KVCapacity
+from replay.engine.paging import BlockGrowth, blocks
+from replay.engine.policy import Policy, PolicyView
+from replay.engine.requests import Requests
+from replay.engine.waiting import WaitingQueue
+from replay.timing.base import BatchShape, Stretch, TimingBackend
+from replay.validate import check_value
+
+FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class DecisionError(RuntimeError):
+    """A policy returned a decision the engine cannot carry out (a policy bug)."""
+
+
+@dataclass
+class RunResult:
+    """Everything a replay produced.
+
+    ``status`` is ``"completed"``, ``"livelock"`` (no completion within
+    ``livelock_window`` steps while work remained), ``"stalled"`` (the policy
+    scheduled nothing although work remained and no arrival was left) or
+    ``"step_limit"``. Tables hold the metrics up to the end of the run.
+    ``decision_time_s`` is the wall time spent inside the policy's ``decide``,
+    ``timing_time_s`` inside the timing backend and ``loop_time_s`` in the whole
+    step loop (so the engine's own share is the difference).
+    ``token_gaps`` is the distribution of every time-between-tokens gap the
+    engine executed (see :class:`replay.engine.histogram.LogHistogram`).
+    """
+
+    status: str
+    message: str
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    kv: KVCapacity
+    livelock_window: int
+    decision_time_s: float
+    preemption: str
+    requeue: str
+    token_gaps: LogHistogram
+    policy_info: dict | None = None  # what the policy derived (thresholds...), if it says
+    fluid: dict | None = None  # the fluid benchmark of a typed workload (replay.run)
+    timing_time_s: float = 0.0
+    loop_time_s: float = 0.0
+    decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
+
+
+def _whole(value) -> bool:
+    """A request id or token count: an integer, not a bool or a float that would be
+    truncated."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _sealed(a: np.ndarray) -> np.ndarray:
+    """``a`` itself, made read-only: for arrays the engine replaces and never writes to."""
+    a.flags.writeable = False
+    return a
+
+
+def default_livelock_window(requests: Requests) -> int:
+    """Steps without a completion after which a run is declared livelocked.
+
+    A policy that keeps advancing what it started completes some request within
+    ``max(s_i + o_i)`` iterations (even at one prompt token per chunk), so four
+    times that, plus slack for arrivals and failed attempts, only trips on
+    cycles.
+    """
+    return 4 * int((requests.prompt_len + requests.output_len).max(initial=1)) + 100
+
+
+class Engine:
+    """Replays ``requests`` under ``policy``; construct once per run, then :meth:`run`."""
+
+    def __init__(self, requests: Requests, policy: Policy, timing: TimingBackend,
+                 kv: KVCapacity, seed: int = 0, livelock_window: int | None = None,
+                 max_steps: int | None = None, progress: bool = False,
+                 validate_decisions: bool = True, preemption: str = "restart",
+                 requeue: str = "front", max_running: int | None = None,
+                 max_starts_per_round: int | None = None, fast_forward: bool = True) -> None:
+        if requests.arrival is None:
+            raise ValueError("Engine: requests have no arrival times; assign arrivals first")
+        for key, value in (("preemption", preemption), ("requeue", requeue),
+                           ("max_running", max_running), ("livelock_window", livelock_window),
+                           ("max_starts_per_round", max_starts_per_round),
+                           ("max_steps", max_steps), ("fast_forward", fast_forward)):
+            check_value(f"engine.{key}", value)
+        self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
+        self.max_starts_per_round = max_starts_per_round
+        self.fast_forward = fast_forward
+        requests.validate(kv.tokens)
+        self.requests = requests
+        self.policy = policy
+        self.timing = timing
+        self.kv = kv
+        self.livelock_window = livelock_window or default_livelock_window(requests)
+        self.max_steps = max_steps
+        self.progress = progress
+        self.validate_decisions = validate_decisions
+        policy_seed, overflow_seed = np.random.SeedSequence([seed, 0xE5]).spawn(2)
+        self.policy_rng = np.random.default_rng(policy_seed)
+        self.overflow_rng = np.random.default_rng(overflow_seed)
+
+        # Engine id = rank in (arrival, workload position) order.
+        self.order = np.lexsort((np.arange(len(requests)), requests.arrival))
+        self.arrival = requests.arrival[self.order].astype(np.float64)
+        self.prompt_len = requests.prompt_len[self.order].astype(np.int64)
+        self.output_len = requests.output_len[self.order].astype(np.int64)
+        n = len(requests)
+        lo = requests.predicted_lo if requests.predicted_lo is not None else requests.output_len
+        hi = requests.predicted_hi if requests.predicted_hi is not None else requests.output_len
+        self.predicted_lo = lo[self.order].astype(np.int64)
+        self.predicted_hi = hi[self.order].astype(np.int64)
+        # The point estimate policies plan with: the interval's upper end, which is
+        # the truth when predictions are exact (a policy may refine its own copy).
+        self.predicted_output = self.predicted_hi
+        types = requests.type_id if requests.type_id is not None else np.full(n, -1)
+        self.type_id = np.asarray(types)[self.order].astype(np.int64)
+
+        self.status = np.zeros(n, dtype=np.int8)
+        # Tokens the current attempt must prefill: s, or s + kept tokens after a recompute.
+        self.prefill_len = self.prompt_len.copy()
+        self.prefilled = np.zeros(n, dtype=np.int64)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.held = np.zeros(n, dtype=np.int64)
+        self.start_iteration = np.full(n, -1, dtype=np.int64)
+        self.start_time = np.full(n, np.nan)
+        self.first_token_time = np.full(n, np.nan)
+        self.completion_time = np.full(n, np.nan)
+        self.evictions = np.zeros(n, dtype=np.int64)
+        self.last_token_time = np.full(n, np.nan)
+        self.max_token_gap = np.full(n, np.nan)
+        self.token_gaps = LogHistogram()
+        # Queue position: requests wait in ascending key; a key is given on entering the queue.
+        self.queue_key = np.arange(n, dtype=np.int64)
+        self._next_queue_key = n
+        self._gain_scratch = np.zeros(n, dtype=np.int64)
+        self._id_scratch = np.zeros(n, dtype=np.int64)
+        self._positions = _sealed(np.arange(1, n + 1, dtype=np.int64))  # 1-based marks
+        # Decode-only shapes are slices of these (a batch never exceeds the trace).
+        self._ones = _sealed(np.ones(n, dtype=np.int64))
+        self._no_prefill = _sealed(np.zeros(n, dtype=bool))
+
+    # ------------------------------------------------------------------ helpers
+    def _check_ids(self, ids, expected: int, what: str) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if not self.validate_decisions or ids.size == 0:
+            return ids
+        # Boolean checks count with count_nonzero: on short arrays a quarter of any()'s cost.
+        if ids.size == 1:  # the common case, in plain integers
+            rid = int(ids[0])
+            if not 0 <= rid < self.status.size:
+                raise self._unknown_ids(what)
+            if self.status[rid] == expected:
+                return ids
+        elif expected == WAITING:  # admissions in queue order (most policies): a queue prefix
+            queue = self.queue.ids
+            if ids.size <= queue.size and not np.count_nonzero(queue[:ids.size] != ids):
+                return ids
+        if np.count_nonzero(ids < 0):
+            raise self._unknown_ids(what)
+        # Mark each id with its position: a repeated id keeps only its last mark.
+        seen, positions = self._id_scratch, self._positions[:ids.size]
+        try:
+            seen[ids] = positions
+        except IndexError:  # an id past the trace
+            raise self._unknown_ids(what) from None
+        bad = (self.status[ids] != expected) | (seen[ids] != positions)
+        seen[ids] = 0
+        if np.count_nonzero(bad):
+            wrong = ids[self.status[ids] != expected]
+            if not wrong.size:
+                raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")
+            state = {FUTURE: "not arrived", WAITING: "waiting", RUNNING: "running",
+                     DONE: "completed"}
+            raise DecisionError(
+                f"{type(self.policy).__name__}: {what} names request {int(wrong[0])} which is "
+                f"{state[int(self.status[wrong[0]])]}")
+        return ids
+
+    def _unknown_ids(self, what: str) -> DecisionError:
+        return DecisionError(f"{type(self.policy).__name__}: {what} has unknown request ids")
+
+    def _evict(self, victims: np.ndarray) -> int:
+        """Free the KV of running ``victims`` and return them to the waiting queue.
+
+        Under ``restart`` they lose every token; under ``recompute`` they keep the
+        tokens emitted so far and must prefill ``s + generated`` when readmitted.
+        """
+        victims = victims[self.status[victims] == RUNNING]
+        if victims.size == 0:
+            return 0
+        # One victim (most preemptions) indexes the state with a plain int: the same
+        # updates at a fraction of the cost of one-element arrays.
+        index = int(victims[0]) if victims.size == 1 else victims
+        freed = int(self.held[index].sum())
+        self.status[index] = WAITING
+        self.prefilled[index] = 0
+        if self.preemption == "restart":
+            self.generated[index] = 0
+            self.first_token_time[index] = np.nan
+            self.last_token_time[index] = np.nan
+            self.max_token_gap[index] = np.nan
+        self.prefill_len[index] = self.prompt_len[index] + self.generated[index]
+        if self.kv.block_size > 1:
+            self.blocks_held -= int(blocks(self.held[index], self.kv.block_size).sum())
+        self.held[index] = 0
+        self.start_iteration[index] = -1
+        self.evictions[index] += 1
+        self.kv_held -= freed
+        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
+        if victims.size > 1:
+            victims = victims[np.argsort(self.queue_key[victims], kind="stable")]
+        if self.requeue == "back":
+            keys = np.arange(self._next_queue_key, self._next_queue_key + victims.size)
+            self.queue_key[victims] = keys
+            self._next_queue_key += victims.size
+            self.queue.append(victims)
+        else:
+            # The queue is in key order and keys are unique: insert the victims by key
+            # (until a `back` requeue every key is its id, so the ids are the keys).
+            queue = self.queue.ids
+            if self._next_queue_key == self.status.size:
+                at = np.searchsorted(queue, victims)
+            else:
+                at = np.searchsorted(self.queue_key[queue], self.queue_key[victims])
+            self.queue.insert(at, victims)
+        return int(victims.size)
+
+    def _complete(self, finished: np.ndarray, end: float) -> None:
+        """Record ``finished`` as completed at ``end`` and free their KV."""
+        if finished.size == 1:
+            # One completion (most steps that have any), in plain integers: a quarter of
+            # the array path's cost.
+            rid = int(finished[0])
+            self.completion_time[rid] = end
+            self.status[rid] = DONE
+            held = int(self.held[rid])
+            self.kv_held -= held
+            if self.kv.block_size > 1:
+                self.blocks_held -= blocks(held, self.kv.block_size)
+            self.held[rid] = 0
+            self.running = _sealed(self.running[self.running != rid])
+            return
+        self.completion_time[finished] = end
+        self.status[finished] = DONE
+        held = self.held[finished]
+        self.kv_held -= int(held.sum())
+        if self.kv.block_size > 1:
+            self.blocks_held -= int(blocks(held, self.kv.block_size).sum())
+        self.held[finished] = 0
+        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
+
+    def _prefill_chunks(self, chunks: Mapping[int, int] | None, members: np.ndarray,
+                        remaining_prompt: np.ndarray) -> np.ndarray:
+        """Prompt tokens each member processes (0 for a decode); the default is all that remain."""
+        if not chunks:
+            return remaining_prompt
+        chunk = remaining_prompt.copy()
+        if len(chunks) == 1:  # the common case: one prompt only part-done
+            ((rid, tokens),) = chunks.items()
+            at = np.flatnonzero(members == rid)  # members are distinct (checked)
+            if (at.size and _whole(rid) and _whole(tokens)
+                    and 1 <= tokens <= remaining_prompt[at[0]]):
+                chunk[at[0]] = tokens
+                return chunk
+        position = self._id_scratch  # zero between uses; 1-based positions while in use
+        position[members] = self._positions[:members.size]
+        count = len(chunks)
+        rids = np.fromiter(chunks.keys(), dtype=np.int64, count=count)
+        tokens = np.fromiter(chunks.values(), dtype=np.int64, count=count)
+        k = position.take(rids, mode="clip") - 1  # unknown ids are caught just below
+        position[members] = 0
+        bad = ((rids.view(np.uint64) >= position.size) | (k < 0) | (tokens < 1)
+               | (tokens > remaining_prompt[k]))
+        # fromiter truncates floats: an id or a chunk must be a whole number as given.
+        bad |= [not (_whole(rid) and _whole(t)) for rid, t in chunks.items()]
+        if np.count_nonzero(bad):
+            i = int(np.flatnonzero(bad)[0])
+            raise DecisionError(
+                f"{type(self.policy).__name__}: prefill chunk "
+                f"{list(chunks.values())[i]!r} for request "
+                f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
+        chunk[k] = tokens
+        return chunk
+
+    def _fast_forward(self, members: np.ndarray, chunk: np.ndarray | None, now: float,
+                      last_duration: float, next_arrival: float, log: IterationLog,
+                      max_steps: int) -> tuple[int, float, float, int]:
+        """Repeat the batch just executed without asking the policy (a steady stretch).
+
+        ``members`` just decoded in a step of ``last_duration``, except those with a
+        prompt ``chunk`` (> 0; ``None``: none), which took a chunk that was not their
+        prompt's last. The same step repeats (each decode emits a token, each chunk
+        member takes the same chunk) until the next one would start at or after
+        ``next_arrival``, take the last chunk of a prompt, exceed the KV capacity,
+        leave the timing backend's exact range or pass ``max_steps``, or until a step
+        has completed a request (that step is the stretch's last: the batch changes
+        after it); the step loop takes over there. Results are those of the step
+        loop: durations are priced per step (vectorised), start times are the same
+        running float sum (``cumsum`` adds in order), and the token gaps reach the
+        histogram in the same order.
+        Returns ``(steps executed, time after them, seconds spent pricing, requests
+        completed)``.
+        """
+        if chunk is not None:
+            prefilling = chunk > 0
+            decoders, chunkers, chunk = members[~prefilling], members[prefilling], chunk[prefilling]
+            # A chunk repeats while it is shorter than what remains of the prompt.
+            left = self.prefill_len[chunkers] - self.prefilled[chunkers]
+            max_steps = min(max_steps, int(((left - 1) // chunk).min()))
+        else:
+            decoders, chunkers, chunk = members, _EMPTY, _EMPTY
+        # The step at which the first decode emits its last token, counted from 1.
+        completing = (int((self.output_len[decoders] - self.generated[decoders]).min())
+                      if decoders.size else 0)
+        if completing:
+            max_steps = min(max_steps, completing)
+        if max_steps <= 0:
+            return 0, now, 0.0, 0
+        held, chunk_held = self.held[decoders], self.held[chunkers]
+        n_decode, block, capacity = decoders.size, self.kv.block_size, self.kv.tokens
+        chunk_total = int(chunk.sum()) if chunk.size else 0
+        gain = n_decode + chunk_total  # slots the batch writes per step
+        context_sum = int(held.sum()) if n_decode else 0
+        context_max = int(held.max()) if n_decode else 0
+        kv_before, blocks_before = self.kv_held, self.blocks_held
+        if block > 1:
+            decode_growth = BlockGrowth(held, block)
+        # Price about as many steps as can run before the next arrival or the KV limit
+        # (steps grow longer as contexts grow), and more only if the stretch goes on.
+        per_call = min(max_steps, (capacity - kv_before) // gain + 1)
+        if next_arrival < np.inf and last_duration > 0:
+            per_call = min(per_call, int((next_arrival - now) / last_duration) + 2)
+        done, per_call, priced_s, longest_gap = 0, max(per_call, 1), 0.0, 0.0
+        while done < max_steps:
+            steps = min(per_call, max_steps - done)
+            priced = time.perf_counter()
+            durations = self.timing.stretch_durations(Stretch(
+                n_decode, context_sum + done * n_decode, context_max + done, chunk,
+                chunk_held + done * chunk), steps)
+            priced_s += time.perf_counter() - priced
+            j = np.arange(done + 1, done + durations.size + 1, dtype=np.int64)
+            kv_after = kv_before + gain * j
+            if block > 1:
+                peak_blocks = blocks_before + decode_growth(j)
+                if chunk.size:
+                    peak_blocks += (blocks(chunk_held + j[:, None] * chunk, block)
+                                    - blocks(chunk_held, block)).sum(axis=1)
+                kv_peak = peak_blocks * block
+            else:
+                kv_peak = kv_after
+            clock = np.cumsum(np.concatenate(([now], durations)))
+            take = min(int(np.searchsorted(kv_peak, capacity, side="right")),
+                       int(np.searchsorted(clock[:-1], next_arrival, side="left")))
+            if take:
+                starts, ends = clock[:take], clock[1:take + 1]
+                # The completing step is logged on its own, after its completions.
+                plain = take - 1 if done + take == completing else take
+                if plain:
+                    log.extend_stretch(starts[:plain], durations[:plain], members.size,
+                                       chunk_total, n_decode, kv_peak[:plain],
+                                       kv_after[:plain])
+                if n_decode:
+                    gaps = ends - starts
+                    self.token_gaps.add_repeated(gaps, n_decode)
+                    longest_gap = max(longest_gap, float(gaps.max()))
+                now = float(ends[-1])
+                done += take
+                if block > 1:
+                    self.blocks_held = int(peak_blocks[take - 1])
+            if take < steps:
+                break
+            per_call *= 4  # a long stretch is priced in few calls
+        if done:
+            self.kv_held = kv_before + gain * done
+            if n_decode:
+                self.generated[decoders] += done
+                self.held[decoders] += done
+                self.last_token_time[decoders] = now
+                self.max_token_gap[decoders] = np.fmax(self.max_token_gap[decoders], longest_gap)
+            if chunk.size:
+                self.prefilled[chunkers] += done * chunk
+                self.held[chunkers] += done * chunk
+        if not completing or done < completing:
+            return done, now, priced_s, 0
+        finished = decoders[self.generated[decoders] == self.output_len[decoders]]
+        self._complete(finished, now)
+        log.append((starts[-1], float(durations[take - 1]), members.size, 0, chunk_total,
+                    n_decode, int(kv_peak[take - 1]), self.kv_held, finished.size, 0, False))
+        return done, now, priced_s, int(finished.size)
+
+    # --------------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        loop_started = time.perf_counter()
+        n = self.status.size
+        arrival, output_len = self.arrival, self.output_len
+        capacity, block = self.kv.tokens, self.kv.block_size
+        self.queue, self.running, self.kv_held = WaitingQueue(), _sealed(_EMPTY.copy()), 0
+        self.blocks_held = 0  # with paging (block > 1): KV blocks the running requests occupy
+        view = PolicyView(
+            kv_capacity=capacity, arrival=_frozen(arrival), prompt_len=_frozen(self.prompt_len),
+            predicted_output=_frozen(self.predicted_output),
+            predicted_lo=_frozen(self.predicted_lo), predicted_hi=_frozen(self.predicted_hi),
+            type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
+            generated=_frozen(self.generated), held=_frozen(self.held),
+            start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
+            kv_block_size=block, prefill_len=_frozen(self.prefill_len))
+        log = IterationLog()
+        now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
+        decision_time = timing_time = 0.0
+        decisions = 0
+        fast_forward = self.fast_forward and hasattr(self.timing, "stretch_durations")
+        status, message = "completed", ""
+        bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
+
+        while completed < n:
+            # -- arrivals
+            if released < n and arrival[released] <= now:
+                upto = int(np.searchsorted(arrival, now, side="right"))
+                self.status[released:upto] = WAITING
+                arrived = np.arange(released, upto)
+                if self._next_queue_key > n:  # a `back` requeue happened: queue behind it
+                    self.queue_key[arrived] = np.arange(self._next_queue_key,
+                                                        self._next_queue_key + arrived.size)
+                    self._next_queue_key += arrived.size
+                self.queue.append(arrived)
+                released = upto
+            next_arrival = arrival[released] if released < n else np.inf
+            if self.queue.size == 0 and self.running.size == 0:
+                now = float(next_arrival)
+                continue
+            if idle_steps > self.livelock_window:
+                status = "livelock"
+                message = (f"no request completed in {idle_steps} steps with "
+                           f"{n - completed} unfinished (livelock_window={self.livelock_window})")
+                break
+            if self.max_steps is not None and steps >= self.max_steps:
+                status, message = "step_limit", f"stopped after max_steps={self.max_steps}"
+                break
+
+            # -- the policy's decision, validated and capped
+            view.now, view.iteration, view.kv_held = now, iteration, self.kv_held
+            view.waiting, view.running = self.queue.ids, self.running
+            view.next_arrival = float(next_arrival)
+            decide_started = time.perf_counter()
+            batch = self.policy.decide(view)
+            decision_time += time.perf_counter() - decide_started
+            decisions += 1
+
+            n_evicted = 0
+            if batch.preempt is not None and len(batch.preempt):
+                n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
+            requested = (self._check_ids(batch.start, WAITING, "start") if len(batch.start)
+                         else _EMPTY)
+            start = requested
+            if self.max_running is not None and self.running.size + start.size > self.max_running:
+                # A cap on running requests for every policy (a serving engine's batch limit):
+                # the policy's admissions are cut to the first ones in its order.
+                start = start[: max(0, self.max_running - self.running.size)]
+            if self.max_starts_per_round is not None:
+                start = start[: self.max_starts_per_round]
+            started_all = start.size == requested.size
+            chunks = batch.prefill_chunks
+            if chunks and not started_all:  # no chunk for an admission the caps cut
+                cut = set(requested[start.size:].tolist())
+                chunks = {rid: tokens for rid, tokens in chunks.items() if rid not in cut}
+            advance = (self.running if batch.advance is None
+                       else self._check_ids(batch.advance, RUNNING, "advance"))
+            members = np.concatenate((advance, start)) if start.size else advance
+            if members.size == 0:
+                if released < n:
+                    now = float(next_arrival)
+                    continue
+                status = "stalled"
+                message = (f"{type(self.policy).__name__} scheduled nothing with "
+                           f"{n - completed} requests unfinished and no arrivals left")
+                break
+
+            # -- the iteration's shape, price and KV peak
+            held_before = self.held[members]
+            remaining_prompt = self.prefill_len[members] - self.prefilled[members]
+            chunk = self._prefill_chunks(chunks, members, remaining_prompt)
+            prefill_total = int(chunk.sum())
+            if prefill_total == 0:
+                # Decode only (most steps): every member emits one token and holds one more slot.
+                emits, gain, gain_total, n_decode = None, 1, members.size, members.size
+                is_prefill, new_tokens = self._no_prefill[:members.size], self._ones[:members.size]
+            else:
+                is_prefill = remaining_prompt > 0
+                emits = chunk == remaining_prompt  # a decode, or the prompt's last chunk
+                gain = chunk + emits
+                gain_total = int(gain.sum())
+                n_decode = members.size - int(np.count_nonzero(is_prefill))
+                new_tokens = np.maximum(chunk, 1)
+            timing_started = time.perf_counter()
+            duration = float(self.timing.duration(BatchShape(
+                new_tokens=new_tokens, context=held_before, is_prefill=is_prefill)))
+            timing_time += time.perf_counter() - timing_started
+            kv_peak = self.kv_held + gain_total
+            if block > 1:
+                # Only members change what they hold; their block counts grow at boundaries
+                # (by one token: exactly where the last block is full, or there is none).
+                if emits is None:
+                    new_blocks = np.count_nonzero(held_before % block == 0)
+                else:
+                    new_blocks = int((blocks(held_before + gain, block)
+                                      - blocks(held_before, block)).sum())
+                kv_peak = (self.blocks_held + new_blocks) * block
+            steps += 1
+
+            # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
+            if kv_peak > capacity:
+                holders = np.concatenate((self.running, start)) if start.size else self.running
+                scratch = self._gain_scratch
+                scratch[members] = gain
+                held_after = self.held[holders] + scratch[holders]
+                scratch[members] = 0
+                victims = np.asarray(
+                    self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng,
+                                               self.running.size),
+                    dtype=np.int64)
+                if victims.size and not np.isin(victims, holders).all():
+                    raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
+                                        f"a request that holds no KV in this batch")
+                n_evicted += self._evict(victims)
+                log.append((now, duration, members.size, start.size, prefill_total, n_decode,
+                            int(kv_peak), self.kv_held, 0, n_evicted, True))
+                now += duration
+                idle_steps += 1
+                continue
+
+            # -- execution: admissions, progress, token times, completions
+            if start.size:
+                self.status[start] = RUNNING
+                self.start_iteration[start] = iteration
+                self.start_time[start] = now
+                self.running = _sealed(np.concatenate((self.running, start)))
+                self.queue.drop_left(self.status, WAITING, start.size)
+            end = now + duration
+            if emits is None:
+                self.generated[members] += 1
+                self.held[members] += 1
+                emitters = members
+            else:
+                self.prefilled[members] += chunk
+                self.generated[members] += emits
+                self.held[members] += gain
+                emitters = members[emits]
+            self.kv_held += gain_total
+            if block > 1:
+                self.blocks_held += new_blocks
+            tokens = self.generated[emitters]
+            if emits is None:
+                later = emitters  # decoding means the prompt's last chunk emitted token 1 before
+            else:
+                first = tokens == 1
+                self.first_token_time[emitters[first]] = end
+                later = emitters[~first]
+            if later.size:
+                gaps = end - self.last_token_time[later]
+                self.token_gaps.add(gaps)
+                self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
+            self.last_token_time[emitters] = end
+            finished = emitters[tokens == output_len[emitters]]
+            if finished.size:
+                self._complete(finished, end)
+                completed += int(finished.size)
+                idle_steps = 0
+                bar.update(int(finished.size))
+            else:
+                idle_steps += 1
+            log.append((now, duration, members.size, start.size, prefill_total, n_decode,
+                        int(kv_peak), self.kv_held, finished.size, n_evicted, False))
+            now = end
+            iteration += 1
+            promised = batch.steady_steps
+            if (promised and fast_forward and started_all and n_evicted == 0
+                    and finished.size == 0 and emitters.size == n_decode):
+                if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
+                        promised, int | np.integer) or promised < 0):
+                    raise DecisionError(
+                        f"{type(self.policy).__name__}: steady_steps must be a whole number of "
+                        f"steps >= 0 (UNTIL_CHANGE for no bound), got {promised!r}")
+                # The stretch stops where the promise ends or the loop's own checks would
+                # stop the run.
+                room = min(int(promised), self.livelock_window - idle_steps + 1)
+                if self.max_steps is not None:
+                    room = min(room, self.max_steps - steps)
+                skipped, now, priced_s, n_finished = self._fast_forward(
+                    members, chunk if prefill_total else None, now, duration,
+                    float(next_arrival), log, room)
+                steps += skipped
+                iteration += skipped
+                idle_steps = 0 if n_finished else idle_steps + skipped
+                timing_time += priced_s
+                if n_finished:
+                    completed += n_finished
+                    bar.update(n_finished)
+        loop_time = time.perf_counter() - loop_started
+        bar.close()
+        return RunResult(status, message, self._request_table(), log.frame(), self.kv,
+                         self.livelock_window, decision_time, self.preemption, self.requeue,
+                         self.token_gaps, timing_time_s=timing_time,
+                         loop_time_s=loop_time, decisions=decisions)
+
+    def _request_table(self) -> pd.DataFrame:
+        """Per-request results in workload order (``request_id`` = position in the workload)."""
+        back = np.empty_like(self.order)
+        back[self.order] = np.arange(self.order.size)
+        r = self.requests
+        table = pd.DataFrame({
+            "request_id": np.arange(len(r)),
+            "source_row": r.source_row if r.source_row is not None else np.arange(len(r)),
+            "arrival": r.arrival,
+            "prompt_len": r.prompt_len,
+            "output_len": r.output_len,
+            "start": self.start_time[back],
+            "first_token": self.first_token_time[back],
+            "completion": self.completion_time[back],
+            "evictions": self.evictions[back],
+            "tokens_generated": self.generated[back],
+        })
+        table["latency"] = table["completion"] - table["arrival"]
+        table["ttft"] = table["first_token"] - table["arrival"]
+        table["completed"] = self.status[back] == DONE
+        # Mean gap telescopes: (last token - first token) / (tokens - 1).
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table["tbt_mean"] = np.where(
+                table["completed"] & (table["output_len"] > 1),
+                (table["completion"] - table["first_token"]) / (table["output_len"] - 1), np.nan)
+        table["tbt_max"] = self.max_token_gap[back]
+        return table

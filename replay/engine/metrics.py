@@ -1,0 +1,69 @@
+"""Summary statistics of a run, computed from its per-request and per-iteration tables."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.engine.loop import RunResult
+
+
+def summarize(result: RunResult) -> dict:
+    """The headline numbers of MODEL.md §1 (latencies over completed requests).
+
+    ``makespan`` is the end of the last executed iteration (the clock starts at
+    0); throughput is generated tokens of completed requests per unit of time
+    (per second, or per round under unit time). For an unfinished run every
+    statistic covers the requests completed before it ended.
+
+    Time between tokens (TBT) statistics cover every gap between two consecutive
+    tokens of one request that the engine executed: gaps of an attempt later
+    discarded by a ``restart`` preemption included, and under ``recompute`` the
+    stall across a preemption included (the user waits for it). ``p99_tbt`` is
+    exact to the histogram's 0.1 % bin width; mean and max are exact.
+    """
+    req, it = result.requests, result.iterations
+    done = req[req["completed"]]
+    latency = done["latency"].to_numpy()
+    executed = it[~it["failed"]] if len(it) else it
+    makespan = float((it["start_time"] + it["duration"]).max()) if len(it) else 0.0
+    tokens = float(done["output_len"].sum())
+
+    def pct(q: float) -> float | None:
+        return float(np.percentile(latency, q)) if latency.size else None
+
+    gaps = result.token_gaps.summary(quantiles=(0.99,))
+
+    return {
+        "status": result.status,
+        "message": result.message,
+        # Metrics of an unfinished run cover only the requests completed before it ended.
+        "partial": result.status != "completed",
+        "n_requests": int(len(req)),
+        "n_completed": int(len(done)),
+        "tel": float(latency.sum()),
+        "mean_latency": float(latency.mean()) if latency.size else None,
+        "p50_latency": pct(50),
+        "p99_latency": pct(99),
+        "mean_ttft": float(done["ttft"].mean()) if len(done) else None,
+        "p99_ttft": float(np.percentile(done["ttft"], 99)) if len(done) else None,
+        "mean_tbt": gaps["mean"],
+        "p99_tbt": gaps[0.99],
+        "max_tbt": gaps["max"],
+        "n_token_gaps": gaps["count"],
+        "throughput_tokens_per_s": tokens / makespan if makespan > 0 else None,
+        "throughput_requests_per_s": len(done) / makespan if makespan > 0 else None,
+        "evictions": int(req["evictions"].sum()),
+        "requests_evicted": int((req["evictions"] > 0).sum()),
+        "makespan": makespan,
+        "n_iterations": int(len(executed)),
+        "n_failed_attempts": int(it["failed"].sum()) if len(it) else 0,
+        "max_kv_peak": int(executed["kv_peak"].max()) if len(executed) else 0,
+        "kv_capacity": result.kv.tokens,
+        "kv_mode": result.kv.mode,
+        "kv": result.kv.describe(),
+        "livelock_window": result.livelock_window,
+        "decision_time_s": result.decision_time_s,
+        "n_decisions": result.decisions,
+        "preemption": result.preemption,
+        "requeue": result.requeue,
+    }

@@ -1,0 +1,2 @@
+"""The papers' experiments: reproduction targets, studies, figures, claims and the
+report."""

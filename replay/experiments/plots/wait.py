@@ -1,0 +1,115 @@
+"""Figures of the WAIT experiments (EXPERIMENTS.md B), each a PNG plus the CSV behind it.
+
+Every B run records its fluid benchmark (``summary["fluid"]``: the equilibrium of
+its typed rates under the linear coefficients of its model and hardware), so the
+figures mark ``Throughput*`` and the stability boundary (load = 1) from the runs
+themselves. Points are means over seeds with +- one standard deviation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from replay.experiments.plots.common import policy_labels, save_figure  # noqa: E402
+from replay.results import runs_under  # noqa: E402
+
+
+def wait_table(sweep_dir: Path) -> pd.DataFrame:
+    """One row per run under ``sweep_dir``: policy, seed, rates, B and the headline numbers."""
+    runs = runs_under(sweep_dir)
+
+    def column(key: str) -> pd.Series:
+        return runs.get(key, pd.Series(np.nan, index=runs.index))
+
+    rate = column("config.arrivals.rate")
+    return pd.DataFrame({
+        "policy": policy_labels(runs),
+        "seed": runs["config.seed"], "batch_limit": column("config.batch_limit"),
+        "total_rate": column("fluid.total_rate").fillna(rate),
+        "load": column("fluid.load"), "throughput_star": column("fluid.throughput_star"),
+        "status": runs["status"], "n_requests": runs["n_requests"],
+        "n_completed": runs["n_completed"], "throughput": runs["throughput_tokens_per_s"],
+        "requests_per_unit_time": column("throughput_requests_per_s"),
+        "mean_latency": runs["mean_latency"], "mean_ttft": runs["mean_ttft"],
+        "evictions": runs["evictions"], "run": runs["run_dir"]})
+
+
+def _mean_std(table: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
+    grouped = table.groupby(by, sort=True)[metrics]
+    stats = grouped.mean().join(grouped.std().fillna(0.0), rsuffix="_std")
+    stats["seeds"] = table.groupby(by).size()
+    stats["not_completed"] = table[table["status"] != "completed"].groupby(by).size().reindex(
+        stats.index, fill_value=0)
+    return stats.reset_index()
+
+
+def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
+                    tag: str = "") -> list[Path]:
+    """Throughput and average latency vs ``x`` (``total_rate`` or ``batch_limit``) per policy.
+
+    ``Throughput*`` (tokens/s of the fluid equilibrium) is drawn for every ``x``; on a
+    rate axis the stability boundary (fluid load 1) is a vertical line.
+    """
+    table = wait_table(sweep_dir)
+    stats = _mean_std(table, ["policy", x], ["throughput", "mean_latency", "evictions",
+                                             "throughput_star", "load"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for policy, line in stats.groupby("policy"):
+        left.errorbar(line[x], line["throughput"], yerr=line["throughput_std"], marker="o",
+                      ms=3, capsize=3, label=policy)
+        right.errorbar(line[x], line["mean_latency"], yerr=line["mean_latency_std"],
+                       marker="o", ms=3, capsize=3, label=policy)
+    star = stats.groupby(x)["throughput_star"].first()
+    left.plot(star.index, star.values, "k--", lw=1, label="Throughput* (fluid)")
+    if x == "total_rate":
+        boundary = (stats["total_rate"] / stats["load"]).median()
+        for ax in (left, right):
+            ax.axvline(boundary, color="gray", ls=":", label=f"stability boundary "
+                       f"({boundary:,.0f}/s)")
+    for ax, metric in ((left, "throughput (tokens/s)"), (right, "average latency (s)")):
+        ax.set_xlabel({"total_rate": "total arrival rate (requests/s)",
+                       "batch_limit": "batch limit B"}[x])
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=7)
+    fig.suptitle(name)
+    return [save_figure(fig, out_dir / f"{x}_sweep{'_' + tag if tag else ''}.png", stats)]
+
+
+def plot_policy_bars(sweep_dir: Path, out_dir: Path, name: str,
+                     group: str = "total_rate") -> list[Path]:
+    """Throughput (with ``Throughput*``), average latency and evictions per policy,
+    one group of bars per value of ``group`` (e.g. the arrival rate)."""
+    table = wait_table(sweep_dir)
+    stats = _mean_std(table, [group, "policy"], ["throughput", "mean_latency", "evictions",
+                                                 "throughput_star", "requests_per_unit_time"])
+    groups = list(stats[group].unique())
+    policies = list(stats["policy"].unique())
+    width = 0.8 / max(len(policies), 1)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for k, policy in enumerate(policies):
+        part = stats[stats["policy"] == policy].set_index(group).reindex(groups)
+        where = np.arange(len(groups)) + k * width
+        for ax, metric in zip(axes, ("throughput", "mean_latency", "evictions"), strict=True):
+            ax.bar(where, part[metric], width, yerr=part[f"{metric}_std"], capsize=3,
+                   label=policy)
+    stars = stats.groupby(group)["throughput_star"].first().reindex(groups)
+    for i, value in enumerate(stars):
+        if pd.notna(value):
+            axes[0].hlines(value, i - 0.1, i + 0.9, colors="k", linestyles="--",
+                           label="Throughput* (fluid)" if i == 0 else None)
+    for ax, metric in zip(axes, ("throughput (tokens/s)", "average latency (s)",
+                                 "evictions"), strict=True):
+        ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2)
+        ax.set_xticklabels([f"{g:g}" if isinstance(g, float) else str(g) for g in groups])
+        ax.set_xlabel(group.replace("_", " "))
+        ax.set_ylabel(metric)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(name)
+    return [save_figure(fig, out_dir / "policies.png", stats)]

@@ -1,0 +1,1 @@
+"""The fluid model of the WAIT paper and its command (``python -m replay.fluid``)."""

@@ -1,0 +1,51 @@
+"""The package's import rules (pyproject's ``[tool.importlinter]`` contracts) hold.
+
+The contracts say which room imports which: commands over experiments over a run over
+the policies and inputs over the simulator core; the core and the policies never reach
+the command line, configs or plotting; no two modules of a package import each other in
+a circle. The second test plants a violation of each kind in a copy of the tree, so the
+rules are known to bite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LINT = ("import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", LINT], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_import_contracts_hold():
+    result = lint(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(("module", "planted", "broken"), [
+    ("replay/engine/kv.py", "import replay.cli", "never import the command line"),
+    ("replay/engine/kv.py", "import replay.experiments.report", "Layers"),
+    ("replay/errors.py", "import replay.data", "No import circles"),
+])
+def test_a_planted_violation_breaks_its_contract(tmp_path, module, planted, broken):
+    for package in ("replay", "policies", "traces"):
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{planted}  # noqa\n")
+    result = lint(tmp_path)
+    assert result.returncode != 0
+    assert broken in result.stdout.replace("\n", " ")
