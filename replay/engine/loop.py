@@ -45,7 +45,7 @@ from replay.engine.histogram import LogHistogram
 from replay.engine.iteration_log import IterationLog
 from replay.engine.kv import KVCapacity
 from replay.engine.paging import BlockGrowth, blocks
-from replay.engine.policy import Policy, PolicyView
+from replay.engine.policy import Batch, Policy, PolicyView
 from replay.engine.requests import Requests
 from replay.engine.waiting import WaitingQueue
 from replay.timing.base import BatchShape, Stretch, TimingBackend
@@ -89,6 +89,30 @@ class RunResult:
     timing_time_s: float = 0.0
     loop_time_s: float = 0.0
     decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
+
+
+@dataclass(slots=True)
+class _Step:
+    """One step as the phases hand it on: the policy's decision, validated and capped
+    (:meth:`Engine._decide`), then its shape, price and KV peak (:meth:`Engine._price`)."""
+
+    batch: Batch
+    members: np.ndarray  # advancing requests, then admissions
+    start: np.ndarray  # admissions after the engine's caps
+    started_all: bool  # no admission was cut
+    chunks: Mapping[int, int] | None  # the policy's prefill chunks, less cut admissions'
+    n_evicted: int  # preempted by the policy (and, on overflow, evicted by its rule)
+    chunk: np.ndarray | None = None  # prompt tokens each member processes
+    prefill_total: int = 0
+    emits: np.ndarray | None = None  # None: decode only, every member emits
+    gain: np.ndarray | int = 1  # slots each member gains
+    gain_total: int = 0
+    n_decode: int = 0
+    duration: float = 0.0
+    kv_peak: int = 0
+    new_blocks: int = 0  # with paging
+    finished: int = 0  # completions, once executed
+    emitters: int = 0  # members that emitted a token, once executed
 
 
 def _whole(value) -> bool:
@@ -443,217 +467,277 @@ class Engine:
 
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
+        """Replay until every request completed or a stop condition holds.
+
+        Each step runs the phases in order: release arrivals, ask the policy
+        (:meth:`_decide`), price the batch and its KV peak (:meth:`_price`), then either
+        fail the attempt on overflow (:meth:`_overflow`) or execute it (:meth:`_execute`,
+        which advances, completes and records). After an executed step that the policy
+        promised steady, :meth:`_run_stretch` repeats it in bulk.
+        """
         loop_started = time.perf_counter()
         n = self.status.size
-        arrival, output_len = self.arrival, self.output_len
-        capacity, block = self.kv.tokens, self.kv.block_size
+        self._start_run()
+        status, message = "completed", ""
+        self._bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay",
+                         leave=False)
+        while self.completed < n:
+            self._release_arrivals()
+            if self.queue.size == 0 and self.running.size == 0:
+                self.now = float(self.next_arrival)
+                continue
+            stop = self._stop_reason()
+            if stop is not None:
+                status, message = stop
+                break
+            step = self._decide()
+            if step.members.size == 0:
+                if self.released < n:
+                    self.now = float(self.next_arrival)
+                    continue
+                status = "stalled"
+                message = (f"{type(self.policy).__name__} scheduled nothing with "
+                           f"{n - self.completed} requests unfinished and no arrivals left")
+                break
+            self._price(step)
+            self.steps += 1
+            if step.kv_peak > self.kv.tokens:
+                self._overflow(step)
+                continue
+            self._execute(step)
+            if self._promises_stretch(step):
+                self._run_stretch(step)
+        loop_time = time.perf_counter() - loop_started
+        self._bar.close()
+        return RunResult(status, message, self._request_table(), self._log.frame(), self.kv,
+                         self.livelock_window, self.decision_time, self.preemption,
+                         self.requeue, self.token_gaps, timing_time_s=self.timing_time,
+                         loop_time_s=loop_time, decisions=self.decisions)
+
+    def _start_run(self) -> None:
+        """The run's clock, counters, queue, running set and the policy's read-only view."""
+        block = self.kv.block_size
         self.queue, self.running, self.kv_held = WaitingQueue(), _sealed(_EMPTY.copy()), 0
         self.blocks_held = 0  # with paging (block > 1): KV blocks the running requests occupy
-        view = PolicyView(
-            kv_capacity=capacity, arrival=_frozen(arrival), prompt_len=_frozen(self.prompt_len),
+        self.view = PolicyView(
+            kv_capacity=self.kv.tokens, arrival=_frozen(self.arrival),
+            prompt_len=_frozen(self.prompt_len),
             predicted_output=_frozen(self.predicted_output),
             predicted_lo=_frozen(self.predicted_lo), predicted_hi=_frozen(self.predicted_hi),
             type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
             generated=_frozen(self.generated), held=_frozen(self.held),
             start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
             kv_block_size=block, prefill_len=_frozen(self.prefill_len))
-        log = IterationLog()
-        now, released, iteration, steps, idle_steps, completed = 0.0, 0, 0, 0, 0, 0
-        decision_time = timing_time = 0.0
-        decisions = 0
-        fast_forward = self.fast_forward and hasattr(self.timing, "stretch_durations")
-        status, message = "completed", ""
-        bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
+        self._log = IterationLog()
+        self.now, self.released, self.next_arrival = 0.0, 0, np.inf
+        self.iteration = self.steps = self.idle_steps = self.completed = self.decisions = 0
+        self.decision_time = self.timing_time = 0.0
+        self._fast_forward_on = self.fast_forward and hasattr(self.timing, "stretch_durations")
 
-        while completed < n:
-            # -- arrivals
-            if released < n and arrival[released] <= now:
-                upto = int(np.searchsorted(arrival, now, side="right"))
-                self.status[released:upto] = WAITING
-                arrived = np.arange(released, upto)
-                if self._next_queue_key > n:  # a `back` requeue happened: queue behind it
-                    self.queue_key[arrived] = np.arange(self._next_queue_key,
-                                                        self._next_queue_key + arrived.size)
-                    self._next_queue_key += arrived.size
-                self.queue.append(arrived)
-                released = upto
-            next_arrival = arrival[released] if released < n else np.inf
-            if self.queue.size == 0 and self.running.size == 0:
-                now = float(next_arrival)
-                continue
-            if idle_steps > self.livelock_window:
-                status = "livelock"
-                message = (f"no request completed in {idle_steps} steps with "
-                           f"{n - completed} unfinished (livelock_window={self.livelock_window})")
-                break
-            if self.max_steps is not None and steps >= self.max_steps:
-                status, message = "step_limit", f"stopped after max_steps={self.max_steps}"
-                break
+    # -- phase 1: arrivals
+    def _release_arrivals(self) -> None:
+        """Move every request that has arrived by ``now`` into the waiting queue."""
+        n, arrival = self.status.size, self.arrival
+        released = self.released
+        if released < n and arrival[released] <= self.now:
+            upto = int(np.searchsorted(arrival, self.now, side="right"))
+            self.status[released:upto] = WAITING
+            arrived = np.arange(released, upto)
+            if self._next_queue_key > n:  # a `back` requeue happened: queue behind it
+                self.queue_key[arrived] = np.arange(self._next_queue_key,
+                                                    self._next_queue_key + arrived.size)
+                self._next_queue_key += arrived.size
+            self.queue.append(arrived)
+            self.released = released = upto
+        self.next_arrival = arrival[released] if released < n else np.inf
 
-            # -- the policy's decision, validated and capped
-            view.now, view.iteration, view.kv_held = now, iteration, self.kv_held
-            view.waiting, view.running = self.queue.ids, self.running
-            view.next_arrival = float(next_arrival)
-            decide_started = time.perf_counter()
-            batch = self.policy.decide(view)
-            decision_time += time.perf_counter() - decide_started
-            decisions += 1
+    def _stop_reason(self) -> tuple[str, str] | None:
+        """``(status, message)`` when the run must stop before this step, else None."""
+        if self.idle_steps > self.livelock_window:
+            return "livelock", (
+                f"no request completed in {self.idle_steps} steps with "
+                f"{self.status.size - self.completed} unfinished "
+                f"(livelock_window={self.livelock_window})")
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            return "step_limit", f"stopped after max_steps={self.max_steps}"
+        return None
 
-            n_evicted = 0
-            if batch.preempt is not None and len(batch.preempt):
-                n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
-            requested = (self._check_ids(batch.start, WAITING, "start") if len(batch.start)
-                         else _EMPTY)
-            start = requested
-            if self.max_running is not None and self.running.size + start.size > self.max_running:
-                # A cap on running requests for every policy (a serving engine's batch limit):
-                # the policy's admissions are cut to the first ones in its order.
-                start = start[: max(0, self.max_running - self.running.size)]
-            if self.max_starts_per_round is not None:
-                start = start[: self.max_starts_per_round]
-            started_all = start.size == requested.size
-            chunks = batch.prefill_chunks
-            if chunks and not started_all:  # no chunk for an admission the caps cut
-                cut = set(requested[start.size:].tolist())
-                chunks = {rid: tokens for rid, tokens in chunks.items() if rid not in cut}
-            advance = (self.running if batch.advance is None
-                       else self._check_ids(batch.advance, RUNNING, "advance"))
-            members = np.concatenate((advance, start)) if start.size else advance
-            if members.size == 0:
-                if released < n:
-                    now = float(next_arrival)
-                    continue
-                status = "stalled"
-                message = (f"{type(self.policy).__name__} scheduled nothing with "
-                           f"{n - completed} requests unfinished and no arrivals left")
-                break
+    # -- phase 2: the policy's decision, validated and capped
+    def _decide(self) -> _Step:
+        view = self.view
+        view.now, view.iteration, view.kv_held = self.now, self.iteration, self.kv_held
+        view.waiting, view.running = self.queue.ids, self.running
+        view.next_arrival = float(self.next_arrival)
+        decide_started = time.perf_counter()
+        batch = self.policy.decide(view)
+        self.decision_time += time.perf_counter() - decide_started
+        self.decisions += 1
 
-            # -- the iteration's shape, price and KV peak
-            held_before = self.held[members]
-            remaining_prompt = self.prefill_len[members] - self.prefilled[members]
-            chunk = self._prefill_chunks(chunks, members, remaining_prompt)
-            prefill_total = int(chunk.sum())
-            if prefill_total == 0:
-                # Decode only (most steps): every member emits one token and holds one more slot.
-                emits, gain, gain_total, n_decode = None, 1, members.size, members.size
-                is_prefill, new_tokens = self._no_prefill[:members.size], self._ones[:members.size]
-            else:
-                is_prefill = remaining_prompt > 0
-                emits = chunk == remaining_prompt  # a decode, or the prompt's last chunk
-                gain = chunk + emits
-                gain_total = int(gain.sum())
-                n_decode = members.size - int(np.count_nonzero(is_prefill))
-                new_tokens = np.maximum(chunk, 1)
-            timing_started = time.perf_counter()
-            duration = float(self.timing.duration(BatchShape(
-                new_tokens=new_tokens, context=held_before, is_prefill=is_prefill)))
-            timing_time += time.perf_counter() - timing_started
-            kv_peak = self.kv_held + gain_total
-            if block > 1:
-                # Only members change what they hold; their block counts grow at boundaries
-                # (by one token: exactly where the last block is full, or there is none).
-                if emits is None:
-                    new_blocks = np.count_nonzero(held_before % block == 0)
-                else:
-                    new_blocks = int((blocks(held_before + gain, block)
-                                      - blocks(held_before, block)).sum())
-                kv_peak = (self.blocks_held + new_blocks) * block
-            steps += 1
+        n_evicted = 0
+        if batch.preempt is not None and len(batch.preempt):
+            n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
+        requested = (self._check_ids(batch.start, WAITING, "start") if len(batch.start)
+                     else _EMPTY)
+        start = requested
+        if self.max_running is not None and self.running.size + start.size > self.max_running:
+            # A cap on running requests for every policy (a serving engine's batch limit):
+            # the policy's admissions are cut to the first ones in its order.
+            start = start[: max(0, self.max_running - self.running.size)]
+        if self.max_starts_per_round is not None:
+            start = start[: self.max_starts_per_round]
+        started_all = start.size == requested.size
+        chunks = batch.prefill_chunks
+        if chunks and not started_all:  # no chunk for an admission the caps cut
+            cut = set(requested[start.size:].tolist())
+            chunks = {rid: tokens for rid, tokens in chunks.items() if rid not in cut}
+        advance = (self.running if batch.advance is None
+                   else self._check_ids(batch.advance, RUNNING, "advance"))
+        members = np.concatenate((advance, start)) if start.size else advance
+        return _Step(batch, members, start, started_all, chunks, n_evicted)
 
-            # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
-            if kv_peak > capacity:
-                holders = np.concatenate((self.running, start)) if start.size else self.running
-                scratch = self._gain_scratch
-                scratch[members] = gain
-                held_after = self.held[holders] + scratch[holders]
-                scratch[members] = 0
-                victims = np.asarray(
-                    self.policy.overflow.evict(holders, held_after, capacity, self.overflow_rng,
-                                               self.running.size),
-                    dtype=np.int64)
-                if victims.size and not np.isin(victims, holders).all():
-                    raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
-                                        f"a request that holds no KV in this batch")
-                n_evicted += self._evict(victims)
-                log.append((now, duration, members.size, start.size, prefill_total, n_decode,
-                            int(kv_peak), self.kv_held, 0, n_evicted, True))
-                now += duration
-                idle_steps += 1
-                continue
-
-            # -- execution: admissions, progress, token times, completions
-            if start.size:
-                self.status[start] = RUNNING
-                self.start_iteration[start] = iteration
-                self.start_time[start] = now
-                self.running = _sealed(np.concatenate((self.running, start)))
-                self.queue.drop_left(self.status, WAITING, start.size)
-            end = now + duration
+    # -- phase 3: the iteration's shape, price and KV peak
+    def _price(self, step: _Step) -> None:
+        members, block = step.members, self.kv.block_size
+        held_before = self.held[members]
+        remaining_prompt = self.prefill_len[members] - self.prefilled[members]
+        chunk = self._prefill_chunks(step.chunks, members, remaining_prompt)
+        prefill_total = int(chunk.sum())
+        if prefill_total == 0:
+            # Decode only (most steps): every member emits one token and holds one more slot.
+            emits, gain, gain_total, n_decode = None, 1, members.size, members.size
+            is_prefill, new_tokens = self._no_prefill[:members.size], self._ones[:members.size]
+        else:
+            is_prefill = remaining_prompt > 0
+            emits = chunk == remaining_prompt  # a decode, or the prompt's last chunk
+            gain = chunk + emits
+            gain_total = int(gain.sum())
+            n_decode = members.size - int(np.count_nonzero(is_prefill))
+            new_tokens = np.maximum(chunk, 1)
+        timing_started = time.perf_counter()
+        duration = float(self.timing.duration(BatchShape(
+            new_tokens=new_tokens, context=held_before, is_prefill=is_prefill)))
+        self.timing_time += time.perf_counter() - timing_started
+        kv_peak = self.kv_held + gain_total
+        new_blocks = 0
+        if block > 1:
+            # Only members change what they hold; their block counts grow at boundaries
+            # (by one token: exactly where the last block is full, or there is none).
             if emits is None:
-                self.generated[members] += 1
-                self.held[members] += 1
-                emitters = members
+                new_blocks = np.count_nonzero(held_before % block == 0)
             else:
-                self.prefilled[members] += chunk
-                self.generated[members] += emits
-                self.held[members] += gain
-                emitters = members[emits]
-            self.kv_held += gain_total
-            if block > 1:
-                self.blocks_held += new_blocks
-            tokens = self.generated[emitters]
-            if emits is None:
-                later = emitters  # decoding means the prompt's last chunk emitted token 1 before
-            else:
-                first = tokens == 1
-                self.first_token_time[emitters[first]] = end
-                later = emitters[~first]
-            if later.size:
-                gaps = end - self.last_token_time[later]
-                self.token_gaps.add(gaps)
-                self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
-            self.last_token_time[emitters] = end
-            finished = emitters[tokens == output_len[emitters]]
-            if finished.size:
-                self._complete(finished, end)
-                completed += int(finished.size)
-                idle_steps = 0
-                bar.update(int(finished.size))
-            else:
-                idle_steps += 1
-            log.append((now, duration, members.size, start.size, prefill_total, n_decode,
-                        int(kv_peak), self.kv_held, finished.size, n_evicted, False))
-            now = end
-            iteration += 1
-            promised = batch.steady_steps
-            if (promised and fast_forward and started_all and n_evicted == 0
-                    and finished.size == 0 and emitters.size == n_decode):
-                if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
-                        promised, int | np.integer) or promised < 0):
-                    raise DecisionError(
-                        f"{type(self.policy).__name__}: steady_steps must be a whole number of "
-                        f"steps >= 0 (UNTIL_CHANGE for no bound), got {promised!r}")
-                # The stretch stops where the promise ends or the loop's own checks would
-                # stop the run.
-                room = min(int(promised), self.livelock_window - idle_steps + 1)
-                if self.max_steps is not None:
-                    room = min(room, self.max_steps - steps)
-                skipped, now, priced_s, n_finished = self._fast_forward(
-                    members, chunk if prefill_total else None, now, duration,
-                    float(next_arrival), log, room)
-                steps += skipped
-                iteration += skipped
-                idle_steps = 0 if n_finished else idle_steps + skipped
-                timing_time += priced_s
-                if n_finished:
-                    completed += n_finished
-                    bar.update(n_finished)
-        loop_time = time.perf_counter() - loop_started
-        bar.close()
-        return RunResult(status, message, self._request_table(), log.frame(), self.kv,
-                         self.livelock_window, decision_time, self.preemption, self.requeue,
-                         self.token_gaps, timing_time_s=timing_time,
-                         loop_time_s=loop_time, decisions=decisions)
+                new_blocks = int((blocks(held_before + gain, block)
+                                  - blocks(held_before, block)).sum())
+            kv_peak = (self.blocks_held + new_blocks) * block
+        step.chunk, step.prefill_total, step.emits, step.gain = chunk, prefill_total, emits, gain
+        step.gain_total, step.n_decode, step.duration = gain_total, n_decode, duration
+        step.kv_peak, step.new_blocks = kv_peak, new_blocks
+
+    # -- phase 4a: overflow: the attempt fails, its time is charged, the overflow rule evicts
+    def _overflow(self, step: _Step) -> None:
+        start, members = step.start, step.members
+        holders = np.concatenate((self.running, start)) if start.size else self.running
+        scratch = self._gain_scratch
+        scratch[members] = step.gain
+        held_after = self.held[holders] + scratch[holders]
+        scratch[members] = 0
+        victims = np.asarray(
+            self.policy.overflow.evict(holders, held_after, self.kv.tokens, self.overflow_rng,
+                                       self.running.size),
+            dtype=np.int64)
+        if victims.size and not np.isin(victims, holders).all():
+            raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
+                                f"a request that holds no KV in this batch")
+        step.n_evicted += self._evict(victims)
+        self._log.append((self.now, step.duration, members.size, start.size, step.prefill_total,
+                          step.n_decode, int(step.kv_peak), self.kv_held, 0, step.n_evicted,
+                          True))
+        self.now += step.duration
+        self.idle_steps += 1
+
+    # -- phase 4b: execution: admissions, progress, token times, completions, the log row
+    def _execute(self, step: _Step) -> None:
+        start, members, emits, now = step.start, step.members, step.emits, self.now
+        if start.size:
+            self.status[start] = RUNNING
+            self.start_iteration[start] = self.iteration
+            self.start_time[start] = now
+            self.running = _sealed(np.concatenate((self.running, start)))
+            self.queue.drop_left(self.status, WAITING, start.size)
+        end = now + step.duration
+        if emits is None:
+            self.generated[members] += 1
+            self.held[members] += 1
+            emitters = members
+        else:
+            self.prefilled[members] += step.chunk
+            self.generated[members] += emits
+            self.held[members] += step.gain
+            emitters = members[emits]
+        self.kv_held += step.gain_total
+        if self.kv.block_size > 1:
+            self.blocks_held += step.new_blocks
+        tokens = self.generated[emitters]
+        if emits is None:
+            later = emitters  # decoding means the prompt's last chunk emitted token 1 before
+        else:
+            first = tokens == 1
+            self.first_token_time[emitters[first]] = end
+            later = emitters[~first]
+        if later.size:
+            gaps = end - self.last_token_time[later]
+            self.token_gaps.add(gaps)
+            self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
+        self.last_token_time[emitters] = end
+        finished = emitters[tokens == self.output_len[emitters]]
+        if finished.size:
+            self._complete(finished, end)
+            self._count_completed(int(finished.size))
+        else:
+            self.idle_steps += 1
+        self._log.append((now, step.duration, members.size, start.size, step.prefill_total,
+                          step.n_decode, int(step.kv_peak), self.kv_held, finished.size,
+                          step.n_evicted, False))
+        self.now = end
+        self.iteration += 1
+        step.finished, step.emitters = int(finished.size), int(emitters.size)
+
+    def _count_completed(self, count: int) -> None:
+        self.completed += count
+        self.idle_steps = 0
+        self._bar.update(count)
+
+    # -- the steady stretch, beside the step loop
+    def _promises_stretch(self, step: _Step) -> bool:
+        """The policy promised the executed batch steady, and nothing changed it: every
+        admission ran, nothing was evicted or completed and every decode emitted."""
+        promised = step.batch.steady_steps
+        if not (promised and self._fast_forward_on and step.started_all
+                and step.n_evicted == 0 and step.finished == 0
+                and step.emitters == step.n_decode):
+            return False
+        if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
+                promised, int | np.integer) or promised < 0):
+            raise DecisionError(
+                f"{type(self.policy).__name__}: steady_steps must be a whole number of "
+                f"steps >= 0 (UNTIL_CHANGE for no bound), got {promised!r}")
+        return True
+
+    def _run_stretch(self, step: _Step) -> None:
+        """Repeat ``step``'s batch in bulk (:meth:`_fast_forward`) for as long as the promise
+        and the run's own stops allow."""
+        room = min(int(step.batch.steady_steps), self.livelock_window - self.idle_steps + 1)
+        if self.max_steps is not None:
+            room = min(room, self.max_steps - self.steps)
+        skipped, self.now, priced_s, n_finished = self._fast_forward(
+            step.members, step.chunk if step.prefill_total else None, self.now, step.duration,
+            float(self.next_arrival), self._log, room)
+        self.steps += skipped
+        self.iteration += skipped
+        self.timing_time += priced_s
+        if n_finished:
+            self._count_completed(n_finished)
+        else:
+            self.idle_steps += skipped
 
     def _request_table(self) -> pd.DataFrame:
         """Per-request results in workload order (``request_id`` = position in the workload)."""
