@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.lookahead import admissible_prefix
-from replay.policy import Batch, OverflowRule, PolicyView
+from policies.common.lookahead import admissible_prefix
+from replay.engine.policy import Batch, OverflowRule, PolicyView
 
 
 @dataclass
