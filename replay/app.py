@@ -4,7 +4,10 @@ It lives in an importable module (not ``replay/__main__.py``) so that sweep work
 (joblib, Ray, Slurm) import it by reference and run its module-level setup: the
 ``job_dirname`` resolver that keeps job folders inside the sweep folder.
 
-The last line printed is the run summary as one JSON object.
+A person reads a short summary on stderr (status, latencies, TTFT, TPOT, throughput and
+the run folder); the last line on stdout is the run summary as one JSON object, for
+scripts. A config that does not compose (an unknown option or key, bad override syntax)
+is one ``error:`` line with the valid choices and exit status 2, as for every command.
 
 An experiment config may set ``study`` to a callable (``_target_``) that runs
 many replays or trials itself (e.g. the competitive-ratio experiments); it is
@@ -14,6 +17,7 @@ called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +28,15 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.cli import error_summary, fail, input_error_message, is_input_error
+from policies.labels import policy_label
+from replay.cli import (
+    CONFIG_ERRORS,
+    config_error_line,
+    error_summary,
+    fail,
+    input_error_message,
+    is_input_error,
+)
 from replay.config import CONFIG_DIR, register_resolvers
 from replay.errors import InputError
 from replay.outputs import atomic_write_text
@@ -34,8 +46,19 @@ from replay.validate import validate_config
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 
 
+def main() -> None:
+    """``python -m replay``: the Hydra app, with Hydra's own config errors as one line."""
+    # Hydra otherwise prints its errors over many lines and exits 1; asked for the full
+    # error, it raises, and the error contract can speak (a bug keeps its traceback).
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        replay_job()
+    except CONFIG_ERRORS as exc:
+        fail(config_error_line(exc, sys.argv[1:]))
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
-def main(cfg: DictConfig) -> dict:
+def replay_job(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         validate_config(cfg)
@@ -55,6 +78,55 @@ def main(cfg: DictConfig) -> dict:
         print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
         summary = error_summary(cfg, exc)
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+    if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep prints one table at its end
+        print(human_summary(summary, out_dir), file=sys.stderr, flush=True)
     print(json.dumps(summary, default=str), flush=True)
     return summary
 
+
+def human_summary(summary: dict, run_dir: Path) -> str:
+    """The run's headline numbers for a person, in the units of its clock (ms and s, or
+    rounds under unit time), like vLLM's benchmark printout."""
+    rounds = summary.get("time_unit") == "rounds"
+
+    def span(seconds) -> str:
+        if seconds is None:
+            return "-"
+        if rounds:
+            return f"{seconds:,.1f} rounds"
+        return f"{seconds * 1e3:,.1f} ms" if abs(seconds) < 1 else f"{seconds:,.2f} s"
+
+    per = "round" if rounds else "s"
+    policy = summary.get("config", {}).get("policy")
+    lines = [
+        f"{'status':<12}{summary.get('status')} ({summary.get('n_completed', 0):,} of "
+        f"{summary.get('n_requests', 0):,} requests completed)"
+        + (f": {summary['message']}" if summary.get("message") else ""),
+    ]
+    if policy and "_target_" in policy:
+        lines.append(f"{'policy':<12}{policy_label(policy)}")
+    if "mean_latency" in summary:
+        requests_rate = summary.get("throughput_requests_per_s")
+        tokens_rate = summary.get("throughput_tokens_per_s")
+        lines += [
+            f"{'latency':<12}mean {span(summary.get('mean_latency'))}   "
+            f"p50 {span(summary.get('p50_latency'))}   p99 {span(summary.get('p99_latency'))}",
+            f"{'TTFT':<12}mean {span(summary.get('mean_ttft'))}   "
+            f"p99 {span(summary.get('p99_ttft'))}",
+            f"{'TPOT':<12}mean {span(summary.get('mean_tpot'))}   "
+            f"p99 {span(summary.get('p99_tpot'))}",
+            f"{'throughput':<12}"
+            + (f"{requests_rate:,.2f} requests/{per}   {tokens_rate:,.0f} tokens/{per}"
+               if requests_rate is not None and tokens_rate is not None else "-"),
+            f"{'evictions':<12}{summary.get('evictions', 0):,}",
+        ]
+    lines.append(f"{'run folder':<12}{_shown(run_dir)}")
+    return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -32,6 +32,66 @@ def fail(message: object) -> NoReturn:
     sys.exit(2)
 
 
+#: What Hydra raises for a config that does not compose: an unknown option or key, or an
+#: override it cannot parse.
+CONFIG_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException,
+                 OmegaConfBaseException)
+
+
+def config_error_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
+    """One line for a config that does not compose, naming what is wrong and what is allowed.
+
+    Hydra's own messages span many lines (the search path, a hint about HYDRA_FULL_ERROR);
+    this keeps what a user needs: the bad option with the group's choices, the unknown key
+    with the keys beside it, or the override that is not valid syntax.
+    """
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
+        group, _, choice = exc.missing_cfg_file.rpartition("/")
+        return (f"{group}={choice}: no such option in config group '{group}'; choose one of: "
+                f"{', '.join(sorted(exc.options))}")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+    if isinstance(exc, OverrideParseException):
+        bad = _unparsable(overrides)
+        return (f"override {bad!r} is not valid Hydra override syntax ({first})" if bad
+                else f"an override is not valid Hydra override syntax ({first})")
+    unknown = re.match(r"Could not override '([^']+)'", first)
+    if isinstance(exc, ConfigCompositionException) and unknown:
+        key = unknown.group(1)
+        known = _keys_beside(key, overrides)
+        beside = f"; the keys there are: {', '.join(known)}" if known else ""
+        return f"{key}: no such config key{beside} (to add a new key, write +{key}=...)"
+    return first
+
+
+def _unparsable(overrides: Sequence[str]) -> str | None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException:
+            return override
+    return None
+
+
+def _keys_beside(key: str, overrides: Sequence[str]) -> list[str]:
+    """The keys of the node that ``key`` would belong to, composed without the override
+    that named it (empty if that does not compose either)."""
+    from omegaconf import OmegaConf
+
+    from replay.config import compose_config
+
+    parent, _, _ = key.rpartition(".")
+    rest = [o for o in overrides if not o.lstrip("+~").startswith(f"{key}=")]
+    try:
+        cfg = compose_config([o for o in rest if not o.startswith("-")])
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+    except (HydraException, OmegaConfBaseException):
+        return []
+    return sorted(str(k) for k in node) if isinstance(node, DictConfig) else []
+
+
 def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
     """The config ``python -m replay OVERRIDES`` would run, or exit 2 naming what is wrong."""
     from replay.config import compose_config
@@ -39,7 +99,7 @@ def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
     try:
         return compose_config(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        fail(config_error_line(exc, overrides))
 
 
 def is_input_error(exc: BaseException) -> bool:
@@ -62,9 +122,8 @@ def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
     becomes one ``error:`` line and exit status 2. Anything else keeps its traceback."""
     try:
         return work(*args, **kwargs)
-    except (ConfigCompositionException, MissingConfigException, OverrideParseException,
-            OmegaConfBaseException) as exc:
-        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+    except CONFIG_ERRORS as exc:
+        fail(config_error_line(exc))
     except (InputError, InstantiationException) as exc:
         if not is_input_error(exc):
             raise

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from tests.conftest import REPO
 
@@ -72,10 +73,31 @@ def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in summaries} == stamps
 
 
-def test_unknown_option_fails_with_hydra_message():
-    proc = run_cli("policy=nope")
-    assert proc.returncode != 0
-    assert "policy/nope" in proc.stderr or "policy/nope" in proc.stdout
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["policy=mscf"], "policy=mscf: no such option in config group 'policy'; choose one of: "
+                      "a_min, clearing, fcfs,"),
+    (["-m", "policy=fcfs,mscf"], "policy=mscf: no such option"),
+    (["policy.alphaa=1"], "policy.alphaa: no such config key; the keys there are: _target_, "
+                          "overflow (to add a new key, write +policy.alphaa=...)"),
+    (["seed=[1"], "override 'seed=[1' is not valid Hydra override syntax"),
+])
+def test_a_config_that_does_not_compose_is_one_error_line_with_the_choices(
+        tmp_path, overrides, says):
+    proc = run_cli(*overrides, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr
+
+
+def test_a_run_prints_a_summary_for_people_on_stderr_and_json_last_on_stdout(tmp_path):
+    proc = run_cli("workload.n=50", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["n_completed"] == 50
+    for label in ("status", "policy      FCFS (MC-Benchmark)", "latency", "TTFT", "TPOT",
+                  "throughput", f"run folder  {tmp_path / 'run'}"):
+        assert label in proc.stderr
+    assert f"mean {summary['mean_ttft'] * 1e3:,.1f} ms" in proc.stderr
 
 
 def test_bad_input_is_one_error_line_without_traceback(tmp_path):

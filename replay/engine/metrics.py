@@ -15,7 +15,9 @@ def summarize(result: RunResult) -> dict:
     (per second, or per round under unit time). For an unfinished run every
     statistic covers the requests completed before it ended.
 
-    Time between tokens (TBT) statistics cover every gap between two consecutive
+    ``mean_tpot``/``p99_tpot`` (time per output token) are over completed requests with
+    more than one token, each request's mean gap after its first token. Time between
+    tokens (TBT) statistics cover every gap between two consecutive
     tokens of one request that the engine executed: gaps of an attempt later
     discarded by a ``restart`` preemption included, and under ``recompute`` the
     stall across a preemption included (the user waits for it). ``p99_tbt`` is
@@ -32,6 +34,8 @@ def summarize(result: RunResult) -> dict:
         return float(np.percentile(latency, q)) if latency.size else None
 
     gaps = result.token_gaps.summary(quantiles=(0.99,))
+    # Time per output token of each completed request after its first (vLLM's TPOT).
+    tpot = done["tbt_mean"].dropna().to_numpy()
 
     return {
         "status": result.status,
@@ -46,6 +50,8 @@ def summarize(result: RunResult) -> dict:
         "p99_latency": pct(99),
         "mean_ttft": float(done["ttft"].mean()) if len(done) else None,
         "p99_ttft": float(np.percentile(done["ttft"], 99)) if len(done) else None,
+        "mean_tpot": float(tpot.mean()) if tpot.size else None,
+        "p99_tpot": float(np.percentile(tpot, 99)) if tpot.size else None,
         "mean_tbt": gaps["mean"],
         "p99_tbt": gaps[0.99],
         "max_tbt": gaps["max"],
