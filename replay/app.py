@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
@@ -39,7 +40,7 @@ from replay.cli import (
 )
 from replay.config import CONFIG_DIR, register_resolvers
 from replay.errors import InputError
-from replay.outputs import atomic_write_text
+from replay.outputs import atomic_write_text, read_summary
 from replay.run import run
 from replay.validate import validate_config
 
@@ -74,7 +75,7 @@ def replay_job(cfg: DictConfig) -> dict:
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             fail(input_error_message(exc))
         # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
-        # and the sweep's report counts it (replay.cli.SweepReport).
+        # and the sweep's report counts it (SweepReport).
         print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
         summary = error_summary(cfg, exc)
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str))
@@ -130,3 +131,53 @@ def _shown(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+class SweepReport:
+    """Hydra callback: after a multirun, one table of its jobs and a count of the failed.
+
+    The table (on stderr) has a row per job folder under ``hydra.sweep.dir``: its status,
+    policy, completions, latencies and throughput. A job whose summary has status
+    ``error``, or one of ``output.fail_on`` (e.g. ``[livelock, stalled]``), counts as
+    failed; then the sweep exits with status 1, so a script cannot miss it.
+    """
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        fail_on = {"error", *config.output.get("fail_on", [])}
+        sweep = Path(config.hydra.sweep.dir)
+        jobs = {p.parent.name: read_summary(p) or {}
+                for p in sorted(sweep.glob("*/summary.json"))}
+        if jobs:
+            table = sweep_table(jobs).to_string(index=False)
+            print(f"{len(jobs)} jobs in {_shown(sweep)}:\n{table}", file=sys.stderr, flush=True)
+        failed = [s.get("status") for s in jobs.values() if s.get("status") in fail_on]
+        if failed:
+            counts = {k: failed.count(k) for k in sorted(set(failed))}
+            print(f"error: {len(failed)} of {len(jobs)} jobs in {sweep} failed "
+                  f"({json.dumps(counts)}); their summary.json says why", file=sys.stderr,
+                  flush=True)
+            sys.exit(1)
+
+    # Hydra calls these too; nothing to do.
+    def on_run_start(self, config, **kwargs) -> None: ...
+    def on_run_end(self, config, **kwargs) -> None: ...
+    def on_multirun_start(self, config, **kwargs) -> None: ...
+    def on_job_start(self, config, **kwargs) -> None: ...
+    def on_job_end(self, config, job_return, **kwargs) -> None: ...
+    def on_compose_config(self, config, config_name, overrides) -> None: ...
+
+
+def sweep_table(jobs: dict[str, dict]) -> pd.DataFrame:
+    """One row per job (folder name -> summary) with the numbers a person compares."""
+    rows = []
+    for folder, s in jobs.items():
+        policy = (s.get("config") or {}).get("policy") or {}
+        rows.append({
+            "job": folder, "status": s.get("status", "?"),
+            "policy": policy_label(policy) if "_target_" in policy else "-",
+            "completed": f"{s.get('n_completed', 0)}/{s.get('n_requests', 0)}",
+            "mean latency": s.get("mean_latency"), "p99 latency": s.get("p99_latency"),
+            f"requests/{'round' if s.get('time_unit') == 'rounds' else 's'}":
+                s.get("throughput_requests_per_s"),
+        })
+    return pd.DataFrame(rows).round(4)

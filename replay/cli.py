@@ -140,39 +140,3 @@ def error_summary(cfg: DictConfig, exc: BaseException) -> dict:
         config = OmegaConf.to_container(cfg, resolve=False)
     return {"status": "error", "message": input_error_message(exc), "partial": True,
             "config": config}
-
-
-class SweepReport:
-    """Hydra callback: after a multirun, one line counting the jobs that failed.
-
-    Counts every job folder under ``hydra.sweep.dir`` whose summary has status
-    ``error``, or one of ``output.fail_on`` (e.g. ``[livelock, stalled]``), and
-    then exits with status 1, so a script cannot miss a failed sweep.
-    """
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        import json
-        from pathlib import Path
-
-        from replay.outputs import read_summary
-
-        fail_on = {"error", *config.output.get("fail_on", [])}
-        sweep = Path(config.hydra.sweep.dir)
-        summaries = [read_summary(p) or {} for p in sorted(sweep.glob("*/summary.json"))]
-        failed = [s.get("status") for s in summaries if s.get("status") in fail_on]
-        if failed:
-            counts = {k: failed.count(k) for k in sorted(set(failed))}
-            print(f"error: {len(failed)} of {len(summaries)} jobs in {sweep} failed "
-                  f"({json.dumps(counts)}); their summary.json says why", file=sys.stderr,
-                  flush=True)
-            sys.exit(1)
-
-    # Hydra calls these too; nothing to do.
-    def on_run_start(self, config, **kwargs) -> None: ...
-    def on_run_end(self, config, **kwargs) -> None: ...
-    def on_multirun_start(self, config, **kwargs) -> None: ...
-    def on_job_start(self, config, **kwargs) -> None: ...
-    def on_job_end(self, config, job_return, **kwargs) -> None: ...
-    def on_compose_config(self, config, config_name, overrides) -> None: ...
-
-

@@ -61,6 +61,11 @@ def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
              "{count:1,prompt_len:63,output_len:1}]", f"hydra.sweep.dir={tmp_path}")
     proc = run_cli(*sweep)
     assert proc.returncode == 0, proc.stderr
+    # The sweep ends with one table of its jobs, policies by their labels.
+    table = proc.stderr[proc.stderr.index("2 jobs in"):].splitlines()
+    assert table[1].split()[:3] == ["job", "status", "policy"]
+    rows = "\n".join(table[2:4])
+    assert "FCFS (MC-Benchmark)" in rows and "MC-SF" in rows
     summaries = sorted(tmp_path.glob("*/summary.json"))
     tels = {p.parent.name: json.loads(p.read_text())["tel"] for p in summaries}
     assert len(tels) == 2
