@@ -155,3 +155,15 @@ def test_stats_of_the_lmsys_file(capsys, data_dir):
     out = capsys.readouterr().out
     assert "length unit: words" in out and "{'nonpositive_length': 1198}" in out
     assert re.search(r"prompt_len\s+661336\s+42\.80\s+18\.00", out)
+
+
+def test_cache_dir_is_the_platform_user_cache_unless_the_environment_says(monkeypatch, tmp_path):
+    import platformdirs
+
+    from replay.data import cache_dir
+
+    monkeypatch.delenv("KVSCHED_CACHE_DIR", raising=False)
+    assert cache_dir("vidur") == Path(platformdirs.user_cache_dir("kvsched", appauthor=False),
+                                      "vidur")
+    monkeypatch.setenv("KVSCHED_CACHE_DIR", str(tmp_path))
+    assert cache_dir("vidur", "x") == tmp_path / "vidur" / "x"
