@@ -22,6 +22,10 @@ from replay.experiments.plots.d1 import plot_d1
 from replay.experiments.plots.sorted_f import plot_c2, plot_d2
 from replay.experiments.plots.wait import plot_policy_bars, plot_wait_sweep
 
+#: What a target wrote, in its folder (size and SHA-256 of each output, the runs and config it
+#: was drawn from, commit and date): written by :mod:`replay.reproduce`, read by the report.
+MANIFEST = "outputs.json"
+
 
 def study_figures(run_dir: Path, out_dir: Path) -> list[Path]:
     """A study draws its own figures into its run directory; these are its outputs."""
