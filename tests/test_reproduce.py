@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replay.experiments.plots.common import plot_metric_bars
+from replay.experiments.plots.common import runs_under, save_figure
 from replay.experiments.report import build_report, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target
 from replay.reproduce import Tally, run_target, stale_reason
@@ -276,6 +276,15 @@ TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
     f"{i},{10 + 7 * i % 50},{5 + 3 * i % 20}\n" for i in range(20))
 
 
+def tel_figure(runs_dir: Path, out_dir: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    runs = runs_under(runs_dir)
+    fig, ax = plt.subplots()
+    ax.bar(range(len(runs)), runs["tel"])
+    return [save_figure(fig, out_dir / "tel.png", runs[["tel"]])]
+
+
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     """A one-run target that reads a trace file of its own (unit time: seconds to run)."""
@@ -286,7 +295,7 @@ def tiny(tmp_path, monkeypatch):
         "a trace file in unit time", ("workload=splitwise_conv", "timing=unit",
                                       "arrivals=all_at_once", f"data_dir={data}", "kv=explicit",
                                       "kv.tokens=400", "policy=mcsf"),
-        figures=(plot_metric_bars,)))
+        figures=(tel_figure,)))
     root = tmp_path / "reproduce"
     (png,) = run_target("tiny", outputs_root=root)
     tally = Tally()

@@ -10,10 +10,10 @@ from functools import partial
 from pathlib import Path
 
 from replay.experiments.plots.common import (
+    plot_c3,
     plot_kv_of_sweep,
     plot_latency_vs_n,
     plot_latency_vs_n_runs,
-    plot_metric_bars,
     plot_seed_statistics,
     plot_sensitivity,
     plot_timescale_variants,
@@ -151,7 +151,7 @@ TARGETS: dict[str, Target] = {
          "workload.groups=[{count:1,prompt_len:63,output_len:1},"
          "{count:21,prompt_len:1,output_len:2}],[{count:21,prompt_len:1,output_len:2},"
          "{count:1,prompt_len:63,output_len:1}]"),
-        figures=(plot_metric_bars,)),
+        figures=(plot_c3,)),
     "c1": Target(
         "C1: mean TEL ± s.e. of seven policies and the LP bound on five synthetic distributions "
         "(100 trials each, unit time, M = 100), next to the paper's Table 4",
