@@ -219,9 +219,9 @@ def _overview(views: list[TargetView], crosscheck: dict | None) -> dict:
 def _crosscheck(crosscheck_dir: Path, outputs_root: Path) -> dict:
     """D3, from ``python -m replay.crosscheck`` (its ``--out`` beside the targets' folder)."""
     found = {"ran": (crosscheck_dir / "comparison.csv").is_file(),
+             # From the folder above the outputs (the checkout for outputs/reproduce).
              "command": "python -m replay.crosscheck --out "
-                        + display_path(crosscheck_dir, outputs_root=outputs_root.parent)
-                        + " (beside the targets' folder)"}
+                        + display_path(crosscheck_dir, outputs_root=outputs_root.parent.parent)}
     if not found["ran"]:
         return found
     comparison = pd.read_csv(crosscheck_dir / "comparison.csv")
