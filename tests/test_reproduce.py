@@ -265,8 +265,9 @@ def test_results_pages_stamp_every_table_and_figure_and_name_no_machine_path(qui
     assert (tmp_path / "results" / "figures" / "c3" / "tel.png").is_file()
     assert (tmp_path / "results" / "figures" / "c3" / "tel.csv").is_file()
     # The claims table and the figure each carry the commit, config and date.
-    stamps = text.count("config: `experiment=c3_example")
-    assert stamps >= 2 and text.count("commit `") == stamps
+    c3 = text.split("\n## c3\n")[1].split("\n## ")[0]
+    stamps = c3.count("config: `experiment=c3_example")
+    assert stamps >= 2 and c3.count("commit `") == stamps
     assert "| c3 " in text.replace("[c3](#c3)", "c3") and "agrees" in text
     for page in pages:
         assert _absolute_paths(page.read_text(), root, tmp_path, DATA_DIR) == []
