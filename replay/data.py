@@ -8,12 +8,18 @@ machine with internet access ``python -m traces.fetch`` downloads them there.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
+import platformdirs
+
 from replay.errors import InputError
+
+#: Environment variable that overrides the cache folder (:func:`cache_dir`).
+CACHE_ENV = "KVSCHED_CACHE_DIR"
 
 FETCH_HINT = (
     "Set the data directory with the environment variable KVSCHED_DATA_DIR or the "
@@ -21,6 +27,17 @@ FETCH_HINT = (
     "`python -m traces.fetch --data-dir /path/to/data` (needs internet; see README, "
     "'Data directory')."
 )
+
+
+def cache_dir(*parts: str) -> Path:
+    """The per-user cache folder of kvsched, or a folder ``parts`` inside it (not created).
+
+    ``$KVSCHED_CACHE_DIR`` when set, else the platform's user cache folder
+    (:func:`platformdirs.user_cache_dir`: ``~/.cache/kvsched`` on Linux, honouring
+    ``$XDG_CACHE_HOME``; ``~/Library/Caches/kvsched`` on macOS).
+    """
+    root = os.environ.get(CACHE_ENV) or platformdirs.user_cache_dir("kvsched", appauthor=False)
+    return Path(root).expanduser().joinpath(*parts)
 
 
 class MissingDataError(InputError, FileNotFoundError):

@@ -3,21 +3,29 @@
 Each target runs its experiment config through ``python -m replay`` (a Hydra multirun
 where it sweeps), then draws its figures (PNG plus the CSV of the numbers behind
 them) into ``outputs/reproduce/<target>/``, from the target's results table
-(``runs/results.parquet``, :mod:`replay.results`). A target whose outputs are newer than
-every config file is skipped (make-like); inside a target, finished runs are
-reused by the runs' own resume check, so an interrupted target continues where
-it stopped. ``--quick`` runs a scaled-down version (seconds) into
-``outputs/reproduce/<target>-quick/``; ``all`` runs every target. Each target shows
-one progress bar per sweep (runs finished, reused, failed; the runs' summaries stay
-in their folders), and the command ends with a table of what ran, was reused or
-failed per target. ``report`` (alone or after targets) builds the HTML report of
-whatever targets have outputs (:mod:`replay.experiments.report`) into ``outputs/report/``
-(``report-quick`` with ``--quick``; ``--report DIR`` elsewhere).
+(``runs/results.parquet``, :mod:`replay.results`), and records what it wrote in
+``outputs.json`` (size and SHA-256 of every output, the hashes of the run summaries and
+configs it was drawn from, the commit, config and date). A target is skipped as up to
+date only if that record still holds (:func:`stale_reason`): same configs, every run's
+input files unchanged (the rule of a run's own resume check), no run redone since, and
+every output as written. Inside a target, finished runs are reused by the runs' own
+resume check, so an interrupted target continues where it stopped.
+
+``--quick`` runs a scaled-down version (seconds) into
+``outputs/reproduce/<target>-quick/``; ``all`` runs every target. Each target shows one
+progress bar per sweep (runs finished, reused, failed; the runs' summaries stay in
+their folders), and the command ends with a table of what ran, was reused or failed
+per target. ``report`` (alone or after targets) builds the HTML report of whatever
+targets have outputs (:mod:`replay.experiments.report`) into ``outputs/report/``
+(``report-quick`` with ``--quick``; ``--report DIR`` elsewhere) and, for full-size
+targets, the Markdown results pages of the documentation site (``docs/results/`` of
+the checkout; ``--results DIR`` elsewhere, also with ``--quick``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import subprocess
@@ -31,15 +39,81 @@ from tqdm.auto import tqdm
 
 from replay.cli import fail
 from replay.config import CONFIG_DIR
-from replay.experiments.report import build_report
-from replay.experiments.targets import TARGETS, TargetFailed
+from replay.experiments.report import build_report, git_describe, write_results_pages
+from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
+from replay.outputs import changed_inputs
 from replay.results import TABLE_NAME, collect
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def newest_config_mtime() -> float:
-    return max(p.stat().st_mtime for p in CONFIG_DIR.rglob("*.yaml"))
+def file_digest(path: Path) -> dict:
+    """``{"bytes", "sha256"}`` of a file. (A stand-in until :mod:`replay.outputs`' atomic
+    writes record these themselves.)"""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def target_config(target: Target, quick: bool) -> dict:
+    """What a target runs, as recorded in its manifest and stamped on its results: its
+    overrides and sweeps (with the placeholders ``{outputs}``, ``{suffix}`` unfilled, so no
+    path of this machine is recorded)."""
+    sweeps = target.quick_sweeps if quick and target.quick_sweeps else target.sweeps
+    return {"overrides": [*target.overrides, *(target.quick if quick else ())],
+            "sweeps": {k: list(v) for k, v in (sweeps or {}).items()}}
+
+
+def config_sha256(target: Target, quick: bool) -> str:
+    """A hash of the target's config and of every config file's content: an edit of any
+    config file (not merely a newer file time) makes the target run again, and the runs'
+    own check then decides which runs change."""
+    digest = hashlib.sha256(json.dumps(target_config(target, quick), sort_keys=True).encode())
+    for path in sorted(CONFIG_DIR.rglob("*.yaml")):
+        digest.update(path.relative_to(CONFIG_DIR).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def run_summaries(runs_dir: Path) -> dict[str, str]:
+    """SHA-256 of every run summary under a target's ``runs/``, by path relative to it."""
+    return {p.relative_to(runs_dir).as_posix(): file_digest(p)["sha256"]
+            for p in sorted(runs_dir.rglob("summary.json"))}
+
+
+def stale_reason(name: str, out_dir: Path, quick: bool) -> str | None:
+    """Why the target in ``out_dir`` must run again (``None``: it is up to date).
+
+    Up to date means: its manifest (``outputs.json``) exists and was written for the same
+    config files and overrides; every run it was drawn from is still there, unchanged,
+    and reads input files whose SHA-256 still matches the run's summary (as a run's own
+    resume check requires); and every output it lists has the size and SHA-256 it was
+    written with.
+    """
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return f"no readable {MANIFEST} (never finished here)"
+    if manifest.get("config_sha256") != config_sha256(TARGETS[name], quick):
+        return "its configs or overrides changed"
+    runs_dir = out_dir / "runs"
+    if run_summaries(runs_dir) != manifest.get("runs"):
+        return "its runs changed since the figures were drawn"
+    for summary in sorted(runs_dir.rglob("summary.json")):
+        record = json.loads(summary.read_text())
+        changed = changed_inputs(record.get("input_files") or [])
+        if changed:
+            return (f"run {summary.parent.relative_to(out_dir).as_posix()}: input files "
+                    f"changed: {'; '.join(changed)}")
+    for output in manifest.get("outputs", []):
+        path = out_dir / output["path"]
+        if not path.is_file():
+            return f"{output['path']} is gone"
+        if file_digest(path) != {"bytes": output["bytes"], "sha256": output["sha256"]}:
+            return f"{output['path']} changed since it was written"
+    return None
 
 
 #: The opening of a run summary line (``python -m replay`` prints ``json.dumps(summary)``).
@@ -53,7 +127,7 @@ class Tally:
     ran: int = 0
     reused: int = 0
     failed: int = 0
-    up_to_date: bool = False  # the target's outputs were newer than its configs: nothing ran
+    up_to_date: bool = False  # the target's manifest still held: nothing ran
 
 
 def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
@@ -92,19 +166,22 @@ def run_target(name: str, quick: bool = False, force: bool = False,
     started = time.perf_counter()
     tally = Tally() if tally is None else tally
     out_dir = outputs_root / (f"{name}-quick" if quick else name)
-    stamp = out_dir / "outputs.txt"
-    if not force and stamp.is_file() and stamp.stat().st_mtime > newest_config_mtime():
-        outputs = [Path(line) for line in stamp.read_text().split()]
-        if all(p.is_file() for p in outputs):
-            print(f"{name}: up to date ({stamp})")
-            tally.up_to_date = True
-            return outputs
+    reason = "--force" if force else stale_reason(name, out_dir, quick)
+    if reason is None:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+        print(f"{name}: up to date ({out_dir / MANIFEST} verifies)")
+        tally.up_to_date = True
+        return [out_dir / figure for figure in manifest["figures"]]
     runs_dir = out_dir / "runs"
     fill = {"{outputs}": str(outputs_root.resolve()), "{suffix}": "-quick" if quick else ""}
     overrides = [o.replace("{outputs}", fill["{outputs}"]).replace("{suffix}", fill["{suffix}"])
                  for o in (*target.overrides, *(target.quick if quick else ()))]
     sweeps = (target.quick_sweeps if quick and target.quick_sweeps else target.sweeps)
     print(f"{name}: {target.description}", flush=True)
+    if out_dir.is_dir():
+        print(f"  running again: {reason}", flush=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # until the figures are redrawn
+    failed_record = out_dir / "failed.json"
     for sweep, extra in (sweeps or {None: ()}).items():
         where = runs_dir / sweep if sweep else runs_dir
         # The target's folders are its own: a run of an edited config replaces the old one.
@@ -116,18 +193,30 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         print(f"  python -m replay {' '.join(command)}", flush=True)
         returncode = _run_quietly(command, f"{name}/{sweep}" if sweep else name, tally)
         if returncode != 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            failed_record.write_text(json.dumps({
+                "date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": git_describe(),
+                "sweep": sweep, "returncode": returncode}))
             raise TargetFailed(f"{name}: `python -m replay {' '.join(command)}` exited with "
                                f"status {returncode} (its last lines above say why)")
     if target.multirun:  # a study keeps its own table (trials.csv) instead
         collect([runs_dir], runs_dir / TABLE_NAME, quiet=True)
-    outputs = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
-    stamp.write_text("\n".join(str(p) for p in outputs) + "\n")
-    (out_dir / "elapsed.json").write_text(json.dumps({
-        "seconds": time.perf_counter() - started, "finished": time.strftime("%Y-%m-%d %H:%M"),
-        "ran": tally.ran, "reused": tally.reused, "failed": tally.failed}))
-    for path in outputs:
+    figures = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
+    written = [q for p in figures for q in (p, p.with_suffix(".csv")) if q.is_file()]
+    (out_dir / MANIFEST).write_text(json.dumps({
+        "target": name, "quick": quick, "commit": git_describe(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "seconds": time.perf_counter() - started,
+        "ran": tally.ran, "reused": tally.reused, "failed": tally.failed,
+        "config": target_config(target, quick),
+        "config_sha256": config_sha256(target, quick),
+        "runs": run_summaries(runs_dir),
+        "figures": [p.relative_to(out_dir).as_posix() for p in figures],
+        "outputs": [{"path": p.relative_to(out_dir).as_posix(), **file_digest(p)}
+                    for p in written]}, indent=1) + "\n")
+    failed_record.unlink(missing_ok=True)
+    for path in figures:
         print(f"  wrote {path} (+ .csv)")
-    return outputs
+    return figures
 
 
 def main() -> None:
@@ -141,6 +230,10 @@ def main() -> None:
                         help="where target folders go")
     parser.add_argument("--report", type=Path, default=None,
                         help="report folder (default: report[-quick] beside --outputs)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="folder of the Markdown results pages of the docs site (default: "
+                             "docs/results/ of the checkout, and none with --quick: quick "
+                             "results are not results)")
     args = parser.parse_args()
     names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
                                                           if t != "report"]
@@ -164,11 +257,18 @@ def main() -> None:
     if "report" in args.targets:
         outputs_root = args.outputs.resolve()
         if not outputs_root.is_dir():
-            fail(f"{outputs_root}: no reproduction outputs to report on; run targets first "
-                 f"(python -m replay.reproduce TARGET...{' --quick' if args.quick else ''})")
+            print(f"warning: {outputs_root} does not exist: no target has run there, so the "
+                  f"report lists every target as never run (python -m replay.reproduce "
+                  f"TARGET...{' --quick' if args.quick else ''} runs them)", file=sys.stderr)
         report_dir = args.report or outputs_root.parent / ("report-quick" if args.quick
                                                            else "report")
         print(f"wrote {build_report(TARGETS, outputs_root, report_dir, args.quick)}")
+        results_dir = args.results
+        if results_dir is None and not args.quick and (REPO / "docs" / "results").is_dir():
+            results_dir = REPO / "docs" / "results"
+        if results_dir is not None:
+            for page in write_results_pages(TARGETS, outputs_root, results_dir, args.quick):
+                print(f"wrote {page}")
     if failed:
         fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")
 

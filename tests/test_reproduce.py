@@ -1,7 +1,9 @@
-"""Tiny-sized runs of every reproduction target, and the make-like skip."""
+"""Tiny-sized runs of every reproduction target, the make-like skip (manifest, run inputs,
+outputs), the HTML report in a headless browser and the generated results pages."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -9,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replay.experiments.report import build_report
-from replay.experiments.targets import TARGETS
-from replay.reproduce import run_target
+from replay.experiments.plots.common import runs_under, save_figure
+from replay.experiments.report import build_report, write_results_pages
+from replay.experiments.targets import MANIFEST, TARGETS, Target
+from replay.reproduce import Tally, run_target, stale_reason
 from tests.conftest import DATA_DIR
 
 
@@ -200,13 +203,20 @@ IMAGES = ("return Array.from(document.images).map("
           "i => [i.getAttribute('src'), i.complete && i.naturalWidth > 0])")
 
 
+def _absolute_paths(text: str, *roots: Path) -> list[str]:
+    """The folders of this machine that ``text`` names (it should name none)."""
+    places = {str(r) for root in roots for r in (root, root.resolve())} | {str(Path.home())}
+    return sorted(place for place in places if place in text)
+
+
 def test_report_shows_every_figure_with_its_claims_in_a_headless_browser(quick, tmp_path):
     for name in ("c3", "b0"):  # no data needed; in CI every quick target is there already
         quick(name)
     _, root = quick("c3")
     report = build_report(TARGETS, root, tmp_path / "report", quick=True)
-    expected = sum(len((root / f"{name}-quick" / "outputs.txt").read_text().split())
-                   for name in TARGETS if (root / f"{name}-quick" / "outputs.txt").is_file())
+    ran = [name for name in TARGETS if (root / f"{name}-quick" / MANIFEST).is_file()]
+    expected = sum(len(json.loads((root / f"{name}-quick" / MANIFEST).read_text())["figures"])
+                   for name in ran)
     expected += (root.parent / "crosscheck" / "comparison.csv").is_file()  # CI runs D3 too
     browser = _browser()
     try:
@@ -217,6 +227,25 @@ def test_report_shows_every_figure_with_its_claims_in_a_headless_browser(quick, 
         text = browser.find_element("tag name", "body").text
         assert "MC-SF's TEL is 64 and Sorted-F's 45" in text and "agrees" in text
         assert "Data sources and caveats" in text and "kvsched " in text
+        # The overview opens the page: one row per target that ran, with its state, run time
+        # and verdicts, and the never-run targets in one line (no empty section for them).
+        rows = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#overview-table tr.target-row'))"
+            ".map(r => Array.from(r.cells).map(c => c.innerText))")
+        by_target = {row[0]: row for row in rows}
+        assert set(ran) <= set(by_target)
+        assert by_target["c3"][1] == "done" and by_target["c3"][2].endswith(" s")
+        assert by_target["c3"][4] == "agrees"
+        never = [name for name in TARGETS if name not in ran]
+        if never:
+            line = browser.find_element("id", "never-run").text
+            assert all(name in line for name in never)
+            headings = browser.execute_script(
+                "return Array.from(document.querySelectorAll('h2')).map(h => h.id)")
+            assert not set(never) & set(headings)
+        # No path of this machine: outputs are named relative to the outputs folder, data
+        # files as $KVSCHED_DATA_DIR/...
+        assert _absolute_paths(browser.page_source, root, tmp_path, DATA_DIR) == []
         # The check can fail: a figure missing beside the page is reported as not loaded.
         (tmp_path / "report" / "figures" / "c3" / "tel.png").unlink()
         browser.get(report.as_uri())
@@ -224,3 +253,87 @@ def test_report_shows_every_figure_with_its_claims_in_a_headless_browser(quick, 
         assert broken == ["figures/c3/tel.png"]
     finally:
         browser.quit()
+
+
+def test_results_pages_stamp_every_table_and_figure_and_name_no_machine_path(quick, tmp_path):
+    quick("c3")
+    _, root = quick("c3")
+    pages = write_results_pages(TARGETS, root, tmp_path / "results", quick=True)
+    assert [p.name for p in pages] == ["mcsf.md", "wait.md", "sorted-f.md", "harness.md"]
+    text = (tmp_path / "results" / "sorted-f.md").read_text()
+    assert "![c3: tel.png](figures/c3/tel.png)" in text
+    assert (tmp_path / "results" / "figures" / "c3" / "tel.png").is_file()
+    assert (tmp_path / "results" / "figures" / "c3" / "tel.csv").is_file()
+    # The claims table and the figure each carry the commit, config and date.
+    c3 = text.split("\n## c3\n")[1].split("\n## ")[0]
+    stamps = c3.count("config: `experiment=c3_example")
+    assert stamps >= 2 and c3.count("commit `") == stamps
+    assert "| c3 " in text.replace("[c3](#c3)", "c3") and "agrees" in text
+    for page in pages:
+        assert _absolute_paths(page.read_text(), root, tmp_path, DATA_DIR) == []
+
+
+TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
+    f"{i},{10 + 7 * i % 50},{5 + 3 * i % 20}\n" for i in range(20))
+
+
+def tel_figure(runs_dir: Path, out_dir: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    runs = runs_under(runs_dir)
+    fig, ax = plt.subplots()
+    ax.bar(range(len(runs)), runs["tel"])
+    return [save_figure(fig, out_dir / "tel.png", runs[["tel"]])]
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A one-run target that reads a trace file of its own (unit time: seconds to run)."""
+    data = tmp_path / "data"
+    (data / "traces").mkdir(parents=True)
+    (data / "traces" / "splitwise_conv.csv").write_text(TRACE)
+    monkeypatch.setitem(TARGETS, "tiny", Target(
+        "a trace file in unit time", ("workload=splitwise_conv", "timing=unit",
+                                      "arrivals=all_at_once", f"data_dir={data}", "kv=explicit",
+                                      "kv.tokens=400", "policy=mcsf"),
+        figures=(tel_figure,)))
+    root = tmp_path / "reproduce"
+    (png,) = run_target("tiny", outputs_root=root)
+    tally = Tally()
+    assert run_target("tiny", outputs_root=root, tally=tally) == [png]
+    assert tally.up_to_date and stale_reason("tiny", root / "tiny", quick=False) is None
+    return root, png, data / "traces" / "splitwise_conv.csv"
+
+
+def test_a_changed_input_file_makes_the_target_run_again(tiny):
+    root, png, trace = tiny
+    before = pd.read_csv(png.with_suffix(".csv"))["tel"].item()
+    trace.write_text(TRACE.replace("\n0,10,5\n", "\n0,300,100\n"))
+    assert "input files changed" in stale_reason("tiny", root / "tiny", quick=False)
+    tally = Tally()
+    assert run_target("tiny", outputs_root=root, tally=tally) == [png]
+    assert not tally.up_to_date and (tally.ran, tally.reused) == (1, 0)
+    assert pd.read_csv(png.with_suffix(".csv"))["tel"].item() > before
+    assert stale_reason("tiny", root / "tiny", quick=False) is None
+
+
+def test_a_corrupted_figure_csv_makes_the_target_redraw(tiny):
+    root, png, _ = tiny
+    csv = png.with_suffix(".csv")
+    good = csv.read_bytes()
+    csv.write_text("garbage\n")
+    assert stale_reason("tiny", root / "tiny", quick=False) == ("tel.csv changed since it was "
+                                                                "written")
+    tally = Tally()
+    assert run_target("tiny", outputs_root=root, tally=tally) == [png]
+    assert not tally.up_to_date and (tally.ran, tally.reused) == (0, 1)  # redrawn, not rerun
+    assert csv.read_bytes() == good
+    # A deleted output and an edited run summary are caught too.
+    csv.unlink()
+    assert stale_reason("tiny", root / "tiny", quick=False) == "tel.csv is gone"
+    run_target("tiny", outputs_root=root)
+    summary = next((root / "tiny" / "runs").rglob("summary.json"))
+    summary.write_text(summary.read_text().replace('"status"', '"status" ', 1))
+    assert "runs changed" in stale_reason("tiny", root / "tiny", quick=False)
+    manifest = json.loads((root / "tiny" / MANIFEST).read_text())
+    assert {o["path"] for o in manifest["outputs"]} == {"tel.png", "tel.csv"}

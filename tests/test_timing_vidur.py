@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -291,15 +292,17 @@ def test_fetch_puts_each_download_where_the_backend_reads_it(tmp_path):
     """Serve Vidur's tree from the shared copy: URL -> file must round-trip with hashes."""
     github = "https://raw.githubusercontent.com/microsoft/vidur/"
 
-    def opener(url):
+    def downloader(url, output_file, pooch):
         assert url.startswith(github), url
         commit, _, repo_path = url.removeprefix(github).partition("/")
         assert len(commit) == 40, url
         if repo_path == "data/profiling/a100/attention.csv":   # the 70B copy's old location
-            return open(ATTENTION_70B, "rb")
-        return open(PROFILES / repo_path.removeprefix("data/profiling/"), "rb")
+            source = ATTENTION_70B
+        else:
+            source = PROFILES / repo_path.removeprefix("data/profiling/")
+        shutil.copyfile(source, output_file)
 
-    fetched = fetch(profiles_fetch.PROFILE_FILES, tmp_path, opener=opener)
+    fetched = fetch(profiles_fetch.PROFILE_FILES, tmp_path, downloader=downloader)
     assert len(fetched) == 7 and all(path.is_file() for path in fetched)
     local = tmp_path / "vidur" / "profiling"
     for model in ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-7b-hf"):

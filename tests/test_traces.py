@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -95,35 +95,43 @@ def fake_remote(content: bytes, name: str = "traces/t.csv") -> RemoteFile:
                       len(content))
 
 
+def serving(content: bytes, served: list | None = None):
+    """A pooch downloader that writes ``content`` (offline), recording each URL asked for."""
+    def downloader(url, output_file, pooch):
+        if served is not None:
+            served.append(url)
+        Path(output_file).write_bytes(content)
+    return downloader
+
+
 def test_fetch_downloads_verifies_and_skips_files_already_there(tmp_path):
     content = b"s,o\n1,2\n"
     remote = fake_remote(content)
     opened = []
-
-    def opener(url):
-        opened.append(url)
-        return io.BytesIO(content)
-
-    (path,) = fetch([remote], tmp_path, opener=opener)
+    (path,) = fetch([remote], tmp_path, downloader=serving(content, opened))
     assert path == tmp_path / "traces" / "t.csv" and path.read_bytes() == content
     assert opened == ["https://raw.githubusercontent.com/owner/repo/" + "0" * 40 + "/traces/t.csv"]
-    fetch([remote], tmp_path, opener=opener)
+    fetch([remote], tmp_path, downloader=serving(content, opened))
     assert len(opened) == 1
+    # A file there with another hash is downloaded again.
+    path.write_bytes(b"stale")
+    fetch([remote], tmp_path, downloader=serving(content, opened))
+    assert len(opened) == 2 and path.read_bytes() == content
 
 
 def test_fetch_rejects_a_changed_origin_and_leaves_nothing(tmp_path):
     remote = fake_remote(b"expected")
-    with pytest.raises(FetchError, match="does not match the expected"):
-        fetch([remote], tmp_path, opener=lambda url: io.BytesIO(b"something else"))
+    with pytest.raises(FetchError, match="does not match the expected.*traces/t.csv"):
+        fetch([remote], tmp_path, downloader=serving(b"something else"))
     assert list((tmp_path / "traces").iterdir()) == []
 
 
 def test_fetch_reports_network_failures(tmp_path):
-    def offline(url):
+    def offline(url, output_file, pooch):
         raise OSError("no route to host")
 
     with pytest.raises(FetchError, match="download failed.*no route to host"):
-        fetch([fake_remote(b"x")], tmp_path, opener=offline)
+        fetch([fake_remote(b"x")], tmp_path, downloader=offline)
 
 
 def test_length_stats_by_hand():
@@ -147,3 +155,15 @@ def test_stats_of_the_lmsys_file(capsys, data_dir):
     out = capsys.readouterr().out
     assert "length unit: words" in out and "{'nonpositive_length': 1198}" in out
     assert re.search(r"prompt_len\s+661336\s+42\.80\s+18\.00", out)
+
+
+def test_cache_dir_is_the_platform_user_cache_unless_the_environment_says(monkeypatch, tmp_path):
+    import platformdirs
+
+    from replay.data import cache_dir
+
+    monkeypatch.delenv("KVSCHED_CACHE_DIR", raising=False)
+    assert cache_dir("vidur") == Path(platformdirs.user_cache_dir("kvsched", appauthor=False),
+                                      "vidur")
+    monkeypatch.setenv("KVSCHED_CACHE_DIR", str(tmp_path))
+    assert cache_dir("vidur", "x") == tmp_path / "vidur" / "x"

@@ -4,9 +4,9 @@ Trace files go to ``DIR/traces/``; the Vidur A100 profiles listed in
 :mod:`replay.timing.profiles_fetch` go to ``DIR/vidur/profiling/`` (``--only``
 picks one of the two).
 
-Each file is fetched from a commit-pinned GitHub raw URL into ``DIR/traces/`` and checked
-against the SHA-256 of the copy the project was developed with; a file already present with the
-right hash is left alone. Needs internet access (it cannot run on the offline build machine).
+Each file is fetched with pooch from a commit-pinned GitHub raw URL and checked against the
+SHA-256 of the copy the project was developed with; a file already present with the right hash
+is left alone. Needs internet access (it cannot run on the offline build machine).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import pooch
 
 from replay.data import RemoteFile
 from replay.errors import InputError
@@ -57,36 +58,36 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(files: Iterable[RemoteFile], data_dir: Path,
-          opener: Callable = urllib.request.urlopen) -> list[Path]:
-    """Download ``files`` into ``data_dir``; return their local paths.
+#: ``downloader(url, output_file, pooch)``, as :func:`pooch.retrieve` calls it; ``None`` is
+#: pooch's own HTTP downloader.
+Downloader = Callable[[str, str, object], None]
 
-    A download is written to a temporary name and only renamed into place once its
-    hash matches, so an interrupted or wrong download never looks like the real file.
+
+def fetch(files: Iterable[RemoteFile], data_dir: Path,
+          downloader: Downloader | None = None) -> list[Path]:
+    """Download ``files`` into ``data_dir`` with :func:`pooch.retrieve`; return their paths.
+
+    A file already there with the expected SHA-256 is left alone (pooch does not
+    download it again); otherwise pooch downloads to a temporary name in the same
+    folder and moves it into place only once its hash matches, so an interrupted or
+    wrong download never looks like the real file. A hash that does not match is an
+    error naming the file.
     """
     paths = []
     for remote in files:
         target = Path(data_dir).expanduser() / remote.relpath
         paths.append(target)
-        if target.is_file() and sha256_of(target) == remote.sha256:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".part")
-        url = remote.url
         try:
-            with opener(url) as response, open(partial, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except OSError as exc:
-            partial.unlink(missing_ok=True)
-            raise FetchError(f"{url}: download failed ({exc})") from exc
-        got = sha256_of(partial)
-        if got != remote.sha256:
-            partial.unlink()
-            raise FetchError(f"{url}: SHA-256 {got} does not match the expected "
-                             f"{remote.sha256} for {remote.relpath}; the origin has changed, "
-                             f"see the README's 'Data directory' section")
-        partial.replace(target)
+            pooch.retrieve(remote.url, known_hash=f"sha256:{remote.sha256}",
+                           fname=target.name, path=target.parent, downloader=downloader,
+                           progressbar=False)
+        except ValueError as exc:  # pooch's hash mismatch
+            raise FetchError(f"{remote.url}: the download does not match the expected "
+                             f"SHA-256 {remote.sha256} for {remote.relpath} ({exc}); the "
+                             f"origin has changed, see the README's 'Data directory' "
+                             f"section") from exc
+        except OSError as exc:  # requests' errors are OSErrors too
+            raise FetchError(f"{remote.url}: download failed ({exc})") from exc
     return paths
 
 

@@ -1,25 +1,40 @@
-"""The reproduction report: ``python -m replay.reproduce report [--quick]`` writes one static
-HTML page (``outputs/report/index.html``; ``report-quick`` for the scaled-down targets).
+"""The reproduction report and the results pages of the documentation site, from the
+targets' outputs (``python -m replay.reproduce report``).
 
-Every target's figures are copied beside the page (with the CSVs behind them), so the
-folder reads offline and can be moved as a whole. Each target shows what the papers
-report or claim for it, with our verdict and what was measured (:mod:`replay.experiments.claims`),
-how long it took and when it ran. The page ends with the D1 table, the data files the
-runs read (path and SHA-256) with their caveats, and the code version.
+* The HTML report: one static page (``outputs/report/index.html``; ``report-quick`` for
+  the scaled-down targets) with every target's figures copied beside it (with the CSVs
+  behind them), so the folder reads offline and can be moved as a whole. It opens with an
+  overview table (each target's state, run time and verdicts; the targets never run in one
+  line), then shows for each target what the papers report or claim, with our verdict and
+  what was measured (:mod:`replay.experiments.claims`), and its figures. It ends with the
+  D1 table, the D3 cross-check, the data files the runs read (SHA-256) with their caveats,
+  and the code version.
+* The results pages (:func:`write_results_pages`): one Markdown page per paper series
+  (A, B, C, D) with the same content, which the documentation site shows under Results.
+  Each table and figure is stamped with the commit, the config and the date that produced
+  it (from the target's ``outputs.json``), so no measured number is typed by hand.
+
+Both are rendered from Jinja2 templates (``replay/experiments/templates/``). No absolute
+path appears in either: outputs are named relative to their target's folder and data files
+as ``$KVSCHED_DATA_DIR/...``.
 """
 
 from __future__ import annotations
 
-import html
 import json
+import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
 import pandas as pd
 
+from replay.data import CACHE_ENV, cache_dir
 from replay.experiments.claims import CLAIMS, PAPERS
+from replay.experiments.targets import MANIFEST
 from replay.results import TABLE_NAME
 
 #: Known limits of the data and of the timing model that a reader of any number should know.
@@ -33,66 +48,209 @@ CAVEATS = (
     "the model's context are dropped and counted in each run's summary.",
     "GPU time comes from Vidur's A100 profiles through its random-forest (or linear) "
     "predictor: batches beyond the profiled sizes are extrapolated, and the Llama-2-7B "
-    "attention table is derived from the 70B profile (README, Vidur timing).",
-    "Absolute latencies of the A series run about 0.5-0.7x the paper's Table 1; the papers "
-    "give no Vidur configuration or batch cap (target a4_timescale tests the explanations).",
+    "attention table is derived from the 70B profile (see Timing backends).",
+    "The papers give no Vidur configuration or batch cap, so absolute latencies of the A "
+    "series need not match the paper's Table 1 (target a4_timescale tests explanations).",
     "The Sorted-F paper's Table 4 cannot come from the setup it states; C1 reports both and "
-    "offers the one-start-per-round diagnostic (README, C1).",
+    "offers the one-start-per-round diagnostic (see Reproducing, C: Sorted-F).",
 )
 
-STYLE = """body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;color:#222}
-h2{border-bottom:1px solid #ccc;margin-top:2em}
-img{max-width:min(100%,900px);border:1px solid #eee}
-table{border-collapse:collapse;font-size:12px;margin:.5em 0}td,th{border:1px solid #ccc;
-padding:2px 6px;text-align:left}.agrees{background:#dfd}.differs{background:#fdd}
-.partly{background:#ffd}.muted{color:#777}figure{margin:1em 0}"""
+#: The paper series: the results page of each (``docs/results/<page>.md``) and its title.
+SERIES = {"a": ("mcsf", "A: MC-SF"), "b": ("wait", "B: WAIT and fluid"),
+          "c": ("sorted-f", "C: Sorted-F"), "d": ("harness", "D: harness checks")}
+
+#: A figure's numbers are shown as a table in the results pages up to this size.
+SMALL_TABLE = (30, 14)
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("replay.experiments", "templates"),
+    autoescape=jinja2.select_autoescape(["html.j2"]), trim_blocks=True, lstrip_blocks=True,
+    undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+def git_describe() -> str:
+    """``git describe`` of the checkout this code runs from (``-dirty`` if it has
+    uncommitted changes), or ``unknown`` when it is not a git checkout."""
+    root = Path(__file__).resolve().parent.parent.parent
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=root,
+                              text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def code_version() -> str:
-    """The installed kvsched version and, in a git checkout, its commit (``+dirty`` if the
-    work tree has uncommitted changes)."""
+    """The installed kvsched version and the commit of the checkout."""
     from importlib.metadata import version
 
-    text = f"kvsched {version('kvsched')}"
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                                capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, text=True,
-                               capture_output=True, check=True).stdout.strip()
-        text += f", commit {commit}{' +dirty' if dirty else ''}"
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return text
+    return f"kvsched {version('kvsched')}, commit {git_describe()}"
 
 
-def _table(frame: pd.DataFrame) -> str:
-    table = frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}",
-                          na_rep="", border=0)
-    return f"<div style='overflow-x:auto'>{table}</div>"
+def display_path(path: str | Path, data_dirs: tuple[Path, ...] = (),
+                 outputs_root: Path | None = None) -> str:
+    """``path`` without this machine's folders: ``$KVSCHED_DATA_DIR/...`` under a data
+    directory, relative under the outputs folder, ``$KVSCHED_CACHE_DIR/...`` in the cache,
+    ``~/...`` under the home folder, else its name only."""
+    path = Path(path)
+    env_data = os.environ.get("KVSCHED_DATA_DIR")
+    roots = [(Path(d).expanduser().resolve(), "$KVSCHED_DATA_DIR/")
+             for d in (*data_dirs, *([env_data] if env_data else []))]
+    if outputs_root is not None:
+        roots.append((outputs_root.resolve(), ""))
+    roots += [(cache_dir().resolve(), f"${CACHE_ENV}/"), (Path.home().resolve(), "~/")]
+    for root, prefix in roots:
+        if path.is_relative_to(root):
+            return prefix + path.relative_to(root).as_posix()
+    return f".../{path.name}" if path.is_absolute() else path.as_posix()
 
 
-def _claims_html(name: str, out_dir: Path) -> str:
-    rows = []
-    for claim in CLAIMS.get(name, []):
-        verdict, measured = claim.judge(out_dir)
-        rows.append(f"<tr><td>{html.escape(PAPERS[claim.paper])}, {html.escape(claim.section)}"
-                    f"</td><td>{html.escape(claim.statement)}</td><td class='{verdict.split()[0]}'>"
-                    f"{verdict}</td><td>{html.escape(measured)}</td></tr>")
-    if not rows:
-        return "<p class='muted'>Beyond the papers: no paper value to compare with.</p>"
-    return ("<table><tr><th>paper, section</th><th>what the paper reports</th><th>verdict</th>"
-            "<th>measured here</th></tr>" + "".join(rows) + "</table>")
+@dataclass
+class Figure:
+    name: str               # file name of the PNG
+    png: Path               # where it is in the target's folder
+    csv: Path | None        # the numbers behind it
+    numbers: pd.DataFrame | None = None  # read for the results pages when small
 
 
-def _input_files(out_dirs: list[Path]) -> pd.DataFrame:
+@dataclass
+class TargetView:
+    """What the report and the results pages show of one target."""
+
+    name: str
+    description: str
+    state: str                        # done, failed, never run, outputs missing
+    manifest: dict | None = None
+    failure: dict | None = None
+    claims: list[dict] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+    @property
+    def ran(self) -> bool:
+        return self.manifest is not None or self.failure is not None
+
+    @property
+    def stamp(self) -> dict | None:
+        """Commit, date and config (the target's overrides) that produced the outputs."""
+        if self.manifest is None:
+            return None
+        config = self.manifest["config"]
+        text = " ".join(config["overrides"])
+        if config.get("sweeps"):
+            text += "; sweeps: " + "; ".join(f"{k}: {' '.join(v) or '(no extra overrides)'}"
+                                             for k, v in config["sweeps"].items())
+        return {"commit": self.manifest["commit"], "date": self.manifest["date"],
+                "config": text + (" (--quick)" if self.manifest.get("quick") else "")}
+
+    @property
+    def seconds(self) -> float | None:
+        return self.manifest["seconds"] if self.manifest else None
+
+    @property
+    def verdicts(self) -> list[str]:
+        return [claim["verdict"] for claim in self.claims]
+
+
+def target_views(targets: dict, outputs_root: Path, quick: bool) -> list[TargetView]:
+    """Every target's state, claims and figures, from its folder under ``outputs_root``."""
+    views = []
+    for name, target in targets.items():
+        out_dir = outputs_root / (f"{name}-quick" if quick else name)
+        view = TargetView(name, target.description, "never run")
+        views.append(view)
+        if (out_dir / "failed.json").is_file():
+            view.failure = json.loads((out_dir / "failed.json").read_text())
+            view.state = "failed"
+            continue
+        if not (out_dir / MANIFEST).is_file():
+            continue
+        view.manifest = json.loads((out_dir / MANIFEST).read_text())
+        view.state = "done"
+        for claim in CLAIMS.get(name, []):
+            verdict, measured = claim.judge(out_dir)
+            view.claims.append({"paper": f"{PAPERS[claim.paper]}, {claim.section}",
+                                "statement": claim.statement, "verdict": verdict,
+                                "measured": measured})
+        for figure in view.manifest["figures"]:
+            png = out_dir / figure
+            if not png.is_file():
+                view.state = "outputs missing"
+                continue
+            csv = png.with_suffix(".csv")
+            view.figures.append(Figure(png.name, png, csv if csv.is_file() else None))
+    return views
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}",
+                         na_rep="", border=0)
+
+
+def _markdown_table(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g", missingval="")
+
+
+def _input_files(outputs_root: Path, views: list[TargetView], quick: bool) -> pd.DataFrame:
     files = {}
-    for out_dir in out_dirs:
-        for summary in out_dir.rglob("summary.json"):
-            for entry in json.loads(summary.read_text()).get("input_files") or []:
-                files[entry["path"]] = entry
+    for view in views:
+        if view.manifest is None:
+            continue
+        out_dir = outputs_root / (f"{view.name}-quick" if quick else view.name)
+        for summary_path in out_dir.rglob("summary.json"):
+            summary = json.loads(summary_path.read_text())
+            data_dir = (summary.get("config") or {}).get("data_dir")
+            for entry in summary.get("input_files") or []:
+                shown = display_path(entry["path"], (Path(data_dir),) if data_dir else (),
+                                     outputs_root)
+                files[shown] = {**entry, "path": shown}
     return pd.DataFrame(sorted(files.values(), key=lambda e: e["path"]),
                         columns=["path", "sha256", "bytes"])
+
+
+def _overview(views: list[TargetView], crosscheck: dict | None) -> dict:
+    """The overview table: the targets that ran (with D3 when shown) and the never-run ones."""
+    ran = [v for v in views if v.ran]
+    never = [v.name for v in views if not v.ran]
+    if crosscheck is not None and not crosscheck["ran"]:
+        never.append("d3")
+    return {"ran": ran, "never_run": never,
+            "total_minutes": sum(v.seconds or 0 for v in ran) / 60}
+
+
+def _crosscheck(crosscheck_dir: Path, outputs_root: Path) -> dict:
+    """D3, from ``python -m replay.crosscheck`` (its ``--out`` beside the targets' folder)."""
+    found = {"ran": (crosscheck_dir / "comparison.csv").is_file(),
+             # From the folder above the outputs (the checkout for outputs/reproduce).
+             "command": "python -m replay.crosscheck --out "
+                        + display_path(crosscheck_dir, outputs_root=outputs_root.parent.parent)}
+    if not found["ran"]:
+        return found
+    comparison = pd.read_csv(crosscheck_dir / "comparison.csv")
+    speed = pd.read_csv(crosscheck_dir / "speed.csv")
+    total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
+    setup = crosscheck_dir / "setup.json"
+    found.update({
+        "dir": crosscheck_dir,
+        "summary": (f"Simulated requests per wall-second over {int(total['requests'])} "
+                    f"requests: kvsched {total['requests'] / total['kvsched_wall_s']:,.0f}, "
+                    f"Vidur {total['requests'] / total['vidur_wall_s']:,.0f} (ratio "
+                    f"{total['vidur_wall_s'] / total['kvsched_wall_s']:.1f})."),
+        "comparison": comparison[["workload", "rate", "scheduler", "metric", "kvsched_mean",
+                                  "vidur_mean", "diff_mean", "diff_p50", "diff_p99",
+                                  "restarts_kvsched", "restarts_vidur"]],
+        "speed": speed,
+        "stamp": {"commit": "unknown (replay.crosscheck records none)",
+                  "date": time.strftime("%Y-%m-%d %H:%M %Z",
+                                        time.localtime((crosscheck_dir / "comparison.csv")
+                                                       .stat().st_mtime)),
+                  "config": " ".join(f"{k}={v}" for k, v in json.loads(setup.read_text())
+                                     .items()) if setup.is_file() else "not recorded"}})
+    return found
+
+
+#: The D1 table's columns shown in the report (seconds; throughput in tokens/s).
+D1_COLUMNS = ["panel", "model", "kv", "kv_tokens", "workload", "policy", "status",
+              "mean_latency", "p50_latency", "p99_latency", "mean_ttft", "mean_tbt", "p99_tbt",
+              "throughput_tokens_per_s", "evictions", "decision_time_s", "lp_gap"]
 
 
 def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: bool) -> Path:
@@ -100,96 +258,77 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
     started = time.perf_counter()
     figures_dir = report_dir / "figures"
     shutil.rmtree(figures_dir, ignore_errors=True)
-    body, ran_dirs, total_seconds = [], [], 0.0
-    for name, target in targets.items():
-        out_dir = outputs_root / (f"{name}-quick" if quick else name)
-        stamp = out_dir / "outputs.txt"
-        body.append(f"<h2 id='{name}'>{html.escape(name)}</h2><p>"
-                    f"{html.escape(target.description)}</p>")
-        if not stamp.is_file():
-            body.append(f"<p class='muted'>Not run yet: <code>python -m replay.reproduce {name}"
-                        f"{' --quick' if quick else ''}</code></p>")
-            continue
-        ran_dirs.append(out_dir)
-        elapsed = out_dir / "elapsed.json"
-        if elapsed.is_file():
-            record = json.loads(elapsed.read_text())
-            total_seconds += record["seconds"]
-            body.append(f"<p class='muted'>Ran {record['finished']} in {record['seconds']:.0f} s "
-                        f"({record['ran']} runs, {record['reused']} reused, {record['failed']} "
-                        f"failed).</p>")
-        body.append(_claims_html(name, out_dir))
-        for png in (Path(line) for line in stamp.read_text().split()):
-            copy = figures_dir / name / png.name
+    views = target_views(targets, outputs_root, quick)
+    d1_table = None
+    for view in views:
+        for figure in view.figures:
+            copy = figures_dir / view.name / figure.name
             copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(png, copy)
-            csv = png.with_suffix(".csv")
-            link = ""
-            if csv.is_file():
-                shutil.copy2(csv, copy.with_suffix(".csv"))
-                link = f" (<a href='figures/{name}/{csv.name}'>numbers</a>)"
-            body.append(f"<figure><img src='figures/{name}/{png.name}' alt='{name}: {png.stem}'>"
-                        f"<figcaption>{png.name}{link}</figcaption></figure>")
-        if name == "d1":
-            body.append(_d1_html(figures_dir / name / "d1_latency.csv"))
-    body.append(_crosscheck_html(outputs_root.parent / "crosscheck", figures_dir))
-    files = _input_files(ran_dirs)
-    scale = ("scaled-down targets (--quick): the verdicts below test the pipeline, not the "
-             "papers" if quick else "full-size targets")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>kvsched reproduction"
-            f"</title><style>{STYLE}</style></head><body><h1>kvsched: reproduction report</h1>"
-            f"<p>{html.escape(code_version())}; {scale}; built "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}; the targets' runs took "
-            f"{total_seconds / 60:.1f} min in all (their own timings below). Every number "
-            f"names its setup in the target's description and run summaries; results tables "
-            f"are kept beside the runs (<code>runs/{TABLE_NAME}</code>).</p>"
-            f"<p>Targets: {' '.join(f'<a href=#{n}>{n}</a>' for n in [*targets, 'd3'])}</p>"
-            + "".join(body)
-            + "<h2>Data sources and caveats</h2><ul>"
-            + "".join(f"<li>{html.escape(c)}</li>" for c in CAVEATS) + "</ul>"
-            + "<p>Files read by the runs in this report (the data directory's README gives "
-              "where each comes from and its licence):</p>" + _table(files)
-            + f"<p class='muted'>Report built in {time.perf_counter() - started:.1f} s.</p>"
-            + "</body></html>")
+            shutil.copy2(figure.png, copy)
+            if figure.csv is not None:
+                shutil.copy2(figure.csv, copy.with_suffix(".csv"))
+            if view.name == "d1" and figure.name == "d1_latency.png" and figure.csv:
+                d1_table = _html_table(pd.read_csv(figure.csv)[D1_COLUMNS])
+    crosscheck = _crosscheck(outputs_root.parent / "crosscheck", outputs_root)
+    if crosscheck["ran"]:
+        (figures_dir / "d3").mkdir(parents=True, exist_ok=True)
+        for name in ("distributions.png", "comparison.csv", "speed.csv"):
+            shutil.copy2(crosscheck["dir"] / name, figures_dir / "d3" / name)
+        crosscheck["comparison"] = _html_table(crosscheck["comparison"])
+        crosscheck["speed"] = _html_table(crosscheck["speed"])
+    page = _TEMPLATES.get_template("report.html.j2").render(
+        views=[v for v in views if v.ran], overview=_overview(views, crosscheck),
+        quick=quick, code_version=code_version(),
+        built=time.strftime("%Y-%m-%d %H:%M:%S %Z"), table_name=TABLE_NAME,
+        d1_table=d1_table, crosscheck=crosscheck, caveats=CAVEATS,
+        files=_html_table(_input_files(outputs_root, views, quick)),
+        build_seconds=time.perf_counter() - started)
     report_dir.mkdir(parents=True, exist_ok=True)
     out = report_dir / "index.html"
     out.write_text(page)
     return out
 
 
-def _d1_html(csv: Path) -> str:
-    if not csv.is_file():
-        return ""
-    table = pd.read_csv(csv)
-    shown = ["panel", "model", "kv", "kv_tokens", "workload", "policy", "status",
-             "mean_latency", "p50_latency", "p99_latency", "mean_ttft", "mean_tbt", "p99_tbt",
-             "throughput_tokens_per_s", "evictions", "decision_time_s", "lp_gap"]
-    return ("<p>The D1 table (seconds; throughput in tokens/s; <code>lp_gap</code> only in the "
-            "offline unit-time panel):</p>" + _table(table[shown]))
-
-
-def _crosscheck_html(crosscheck_dir: Path, figures_dir: Path) -> str:
-    """D3, from ``python -m replay.crosscheck`` (its ``--out`` beside the targets' folder)."""
-    head = ("<h2 id='d3'>d3</h2><p>D3: this harness against Vidur's own simulator on the same "
-            "requests (<code>python -m replay.crosscheck</code>; the README's D3 section names "
-            "the causes of what differs).</p>")
-    if not (crosscheck_dir / "comparison.csv").is_file():
-        return head + ("<p class='muted'>Not run yet: <code>python -m replay.crosscheck --out "
-                       f"{html.escape(str(crosscheck_dir))}</code></p>")
-    (figures_dir / "d3").mkdir(parents=True, exist_ok=True)
-    for name in ("distributions.png", "comparison.csv", "speed.csv"):
-        shutil.copy2(crosscheck_dir / name, figures_dir / "d3" / name)
-    comparison = pd.read_csv(crosscheck_dir / "comparison.csv")
-    speed = pd.read_csv(crosscheck_dir / "speed.csv")
-    total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
-    return (head + f"<p>Simulated requests per wall-second over {int(total['requests'])} "
-            f"requests: kvsched {total['requests'] / total['kvsched_wall_s']:,.0f}, Vidur "
-            f"{total['requests'] / total['vidur_wall_s']:,.0f} (ratio "
-            f"{total['vidur_wall_s'] / total['kvsched_wall_s']:.1f}).</p>"
-            + _table(comparison[["workload", "rate", "scheduler", "metric", "kvsched_mean",
-                                 "vidur_mean", "diff_mean", "diff_p50", "diff_p99",
-                                 "restarts_kvsched", "restarts_vidur"]])
-            + _table(speed)
-            + "<figure><img src='figures/d3/distributions.png' alt='d3: distributions'>"
-              "<figcaption>distributions.png (<a href='figures/d3/comparison.csv'>numbers</a>)"
-              "</figcaption></figure>")
+def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
+                        quick: bool) -> list[Path]:
+    """Write one Markdown page per paper series into ``results_dir`` (the documentation
+    site's ``docs/results/``), with every figure and its CSV copied into
+    ``results_dir/figures/<target>/``. The pages show what the outputs hold now: a
+    target's earlier figures there are removed first."""
+    views = target_views(targets, outputs_root, quick)
+    crosscheck = _crosscheck(outputs_root.parent / "crosscheck", outputs_root)
+    written = []
+    for letter, (page, title) in SERIES.items():
+        series = [v for v in views if v.name.startswith(letter)]
+        for view in series:
+            shutil.rmtree(results_dir / "figures" / view.name, ignore_errors=True)
+            for figure in view.figures:
+                copy = results_dir / "figures" / view.name / figure.name
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(figure.png, copy)
+                if figure.csv is not None:
+                    shutil.copy2(figure.csv, copy.with_suffix(".csv"))
+                    numbers = pd.read_csv(figure.csv)
+                    if len(numbers) <= SMALL_TABLE[0] and numbers.shape[1] <= SMALL_TABLE[1]:
+                        figure.numbers = numbers
+        d3 = None
+        if letter == "d":
+            shutil.rmtree(results_dir / "figures" / "d3", ignore_errors=True)
+            if crosscheck["ran"]:
+                d3 = dict(crosscheck)
+                (results_dir / "figures" / "d3").mkdir(parents=True, exist_ok=True)
+                for name in ("distributions.png", "comparison.csv", "speed.csv"):
+                    shutil.copy2(crosscheck["dir"] / name, results_dir / "figures" / "d3" / name)
+                d3["comparison"] = _markdown_table(crosscheck["comparison"])
+                d3["speed"] = _markdown_table(crosscheck["speed"])
+        text = _TEMPLATES.get_template("results.md.j2").render(
+            title=title, page=page, views=[v for v in series if v.ran],
+            overview=_overview(series, crosscheck if letter == "d" else None), quick=quick,
+            built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=code_version(),
+            markdown_table=_markdown_table, pd=pd,
+            crosscheck=d3 or {"ran": False, "command": crosscheck["command"]})
+        results_dir.mkdir(parents=True, exist_ok=True)
+        out = results_dir / f"{page}.md"
+        out.write_text(text)
+        written.append(out)
+    return written

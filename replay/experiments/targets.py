@@ -10,10 +10,10 @@ from functools import partial
 from pathlib import Path
 
 from replay.experiments.plots.common import (
+    plot_c3,
     plot_kv_of_sweep,
     plot_latency_vs_n,
     plot_latency_vs_n_runs,
-    plot_metric_bars,
     plot_seed_statistics,
     plot_sensitivity,
     plot_timescale_variants,
@@ -21,6 +21,10 @@ from replay.experiments.plots.common import (
 from replay.experiments.plots.d1 import plot_d1
 from replay.experiments.plots.sorted_f import plot_c2, plot_d2
 from replay.experiments.plots.wait import plot_policy_bars, plot_wait_sweep
+
+#: What a target wrote, in its folder (size and SHA-256 of each output, the runs and config it
+#: was drawn from, commit and date): written by :mod:`replay.reproduce`, read by the report.
+MANIFEST = "outputs.json"
 
 
 def study_figures(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -147,7 +151,7 @@ TARGETS: dict[str, Target] = {
          "workload.groups=[{count:1,prompt_len:63,output_len:1},"
          "{count:21,prompt_len:1,output_len:2}],[{count:21,prompt_len:1,output_len:2},"
          "{count:1,prompt_len:63,output_len:1}]"),
-        figures=(plot_metric_bars,)),
+        figures=(plot_c3,)),
     "c1": Target(
         "C1: mean TEL ± s.e. of seven policies and the LP bound on five synthetic distributions "
         "(100 trials each, unit time, M = 100), next to the paper's Table 4",

@@ -40,10 +40,12 @@ def kv_timeline(iterations: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_kv_timelines(runs: Sequence[tuple[str, pd.DataFrame, int]], out: Path,
-                      title: str = "KV cache usage", until: float | None = None) -> Path:
+                      title: str = "KV cache usage", until: float | None = None,
+                      time_unit: str = "seconds") -> Path:
     """Plot ``(label, iterations, M)`` timelines on one axis; save ``out`` (.png) and .csv.
 
-    ``until`` limits the time axis (the CSV keeps every step).
+    ``until`` limits the time axis (the CSV keeps every step); ``time_unit`` is the runs'
+    (``seconds``, or ``rounds`` in unit time).
     """
     fig, ax = plt.subplots(figsize=(8, 4))
     frames = []
@@ -62,7 +64,7 @@ def plot_kv_timelines(runs: Sequence[tuple[str, pd.DataFrame, int]], out: Path,
         ax.axhline(capacity, color="k", ls="--", lw=1, label=f"M = {capacity:,}")
     if until is not None:
         ax.set_xlim(0, until)
-    ax.set_xlabel("time")
+    ax.set_xlabel(f"time ({'s' if time_unit == 'seconds' else time_unit})")
     ax.set_ylabel("KV held (token slots)")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="best")
@@ -143,7 +145,8 @@ def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[
             slope = (np.polyfit(complete["n"], complete["mean_latency"], 1)[0]
                      if len(complete) > 1 else np.nan)
             status = curve["status"].iloc[0]
-            label = f"{policy}: slope {slope:.3g}"
+            label = (f"{policy}: slope {slope:.3g} s/request" if np.isfinite(slope)
+                     else f"{policy}: too few points for a slope")
             if status != "completed":
                 label = (f"{policy}: {status} after {int(curve['n_completed'].max())} of "
                          f"{int(curve['n'].max())} completed")
@@ -154,6 +157,11 @@ def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[
         ax.legend(fontsize=7)
         written.append(save_figure(fig, out_dir / f"latency_of_first_n_rate{rate:g}.png", group))
     return written
+
+
+#: The MC-SF journal paper's Figure 3: the other policies' latency grows about this many
+#: times as fast with n as MC-SF's, by arrival rate (requests/s).
+PAPER_A3_SLOPE_RATIO = {50: 3, 10: 8}
 
 
 def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
@@ -179,14 +187,24 @@ def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
         for policy, line in group.groupby("policy", sort=False):
             done = line[line["status"] == "completed"].sort_values("n")
             failed = len(line) - len(done)
-            label = (f"{policy}: slope {slopes[policy]:.3g} s/request "
-                     f"({slopes[policy] / reference:.2g}x MC-SF)")
-            if failed:
-                label += f", {failed} of {len(line)} runs livelocked"
+            slope = slopes[policy]
+            if np.isfinite(slope):
+                label = f"{policy}: slope {slope:.3g} s/request"
+                if np.isfinite(reference) and policy != "MC-SF":
+                    label += f" ({slope / reference:.2g}x MC-SF's)"
+            elif failed == len(line):
+                label = f"{policy}: livelocked in all {failed} runs (no line)"
+            else:
+                label = f"{policy}: under two finished runs (no slope)"
+            if failed and np.isfinite(slope):
+                label += f"; {failed} of {len(line)} runs livelocked"
             ax.plot(done["n"], done["mean_latency"], marker="o", ms=3, label=label)
         ax.set_xlabel("requests n (a separate run for each n)")
         ax.set_ylabel("average end-to-end latency (s)")
-        ax.set_title(f"Average latency of runs of n requests, arrival rate {rate:g}/s")
+        paper = PAPER_A3_SLOPE_RATIO.get(rate)
+        ax.set_title(f"Average latency of runs of n requests, arrival rate {rate:g}/s"
+                     + (f"\n(paper, Figure 3: the other policies' slopes about {paper:g}x "
+                        f"MC-SF's)" if paper else ""), fontsize=10)
         ax.legend(fontsize=6)
         written.append(save_figure(fig, out_dir / f"latency_vs_n_runs_rate{rate:g}.png",
                                    group))
@@ -195,27 +213,57 @@ def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
 
 def plot_kv_of_sweep(sweep_dir: Path, out_dir: Path, policy: str = "MC-SF") -> list[Path]:
     """EXPERIMENTS.md A5: KV usage over time of ``policy`` at every arrival rate of a sweep."""
-    runs = []
+    runs, units = [], set()
     for summary_path in largest_runs(sweep_dir):
         summary, _, iterations = load_run(summary_path.parent)
         if policy_label(summary["config"]["policy"]) == policy:
             rate = summary["config"]["arrivals"]["rate"]
             runs.append((f"{policy}, rate {rate}/s", iterations, summary["kv_capacity"]))
-    return [plot_kv_timelines(runs, out_dir / "kv_timeline.png", f"KV usage of {policy}")]
+            units.add(summary.get("time_unit", "seconds"))
+    return [plot_kv_timelines(runs, out_dir / "kv_timeline.png",
+                              f"KV usage of {policy} (the largest run at each rate)",
+                              time_unit=units.pop() if len(units) == 1 else "seconds")]
 
 
-def plot_metric_bars(sweep_dir: Path, out_dir: Path, metric: str = "tel") -> list[Path]:
-    """One bar per run of a sweep (labelled by its overrides) showing ``metric``."""
+#: The Sorted-F paper's worked example (Section 3, Table 1): total latency in rounds.
+PAPER_C3_TEL = {"MC-SF": 64, "Sorted-F": 45}
+
+
+def plot_c3(sweep_dir: Path, out_dir: Path) -> list[Path]:
+    """C3: total end-to-end latency (TEL, rounds) of every policy in both arrival orders of
+    the worked example, the paper's values marked where it gives them."""
     runs = runs_under(sweep_dir)
-    table = pd.DataFrame({"run": runs["run_dir"].map(lambda d: Path(d).name),
-                          metric: runs[metric]})
-    fig, ax = plt.subplots(figsize=(12, 1 + 0.4 * len(table)))
-    ax.barh(table["run"], table[metric])
-    ax.tick_params(axis="y", labelsize=6)
-    for y, value in enumerate(table[metric]):
-        ax.text(value, y, f" {value:g}", va="center")
-    ax.set_xlabel(metric)
-    return [save_figure(fig, out_dir / f"{metric}.png", table)]
+    groups = runs["config.workload.groups"].map(  # lists are kept as JSON in the table
+        lambda g: json.loads(g) if isinstance(g, str) else g)
+    first = groups.map(lambda g: g[0]["prompt_len"])
+    table = pd.DataFrame({
+        "policy": policy_labels(runs),
+        "order": np.where(first > 1, "long prompt first", "short prompts first"),
+        "tel": runs["tel"], "status": runs["status"],
+        "run": runs["run_dir"].map(lambda d: Path(d).name)})
+    table["paper_tel"] = table["policy"].map(
+        lambda p: PAPER_C3_TEL.get("Sorted-F" if p.startswith("Sorted-F") else p))
+    table = table.sort_values(["policy", "order"]).reset_index(drop=True)
+    policies = list(table["policy"].unique())
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(policies)))
+    for k, (order, part) in enumerate(table.groupby("order")):
+        part = part.set_index("policy").reindex(policies)
+        where = np.arange(len(policies)) + (k - 0.5) * 0.4
+        ax.barh(where, part["tel"], 0.4, label=order)
+        for y, value in zip(where, part["tel"], strict=True):
+            ax.text(value, y, f" {value:g}", va="center", fontsize=8)
+    paper = table.drop_duplicates("policy").set_index("policy")["paper_tel"].reindex(policies)
+    marked = [i for i, v in enumerate(paper) if pd.notna(v)]
+    ax.scatter(paper.iloc[marked], marked, marker="|", s=400, color="tab:red", zorder=3,
+               label="paper (Section 3)")
+    ax.set_yticks(range(len(policies)), policies)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.12 * table["tel"].max())
+    ax.set_xlabel("total end-to-end latency, TEL (rounds)")
+    ax.set_title("C3: one request (63, 1) and 21 requests (1, 2), M = 64, unit time",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    return [save_figure(fig, out_dir / "tel.png", table)]
 
 
 #: The headline numbers every sweep table carries.
@@ -279,16 +327,20 @@ def plot_seed_statistics(sweep_dir: Path, out_dir: Path) -> list[Path]:
 
     Only runs that completed enter the statistics; ``n_livelock`` counts the others.
     """
-    table = sweep_table(sweep_dir, {"seed": "seed", "requeue": "engine.requeue"})
+    table = sweep_table(sweep_dir, {"seed": "seed", "requeue": "engine.requeue",
+                                    "rate": "arrivals.rate"})
     written = []
     for requeue, part in table.groupby("requeue"):
         stats = seed_statistics(part)
         name = "seed_statistics.png" if requeue == "front" else f"seed_statistics_{requeue}.png"
-        written.append(_draw_seed_statistics(stats, out_dir / name, requeue))
+        written.append(_draw_seed_statistics(stats, out_dir / name, requeue,
+                                             int(part["n_requests"].max()),
+                                             float(part["rate"].iloc[0])))
     return written
 
 
-def _draw_seed_statistics(stats: pd.DataFrame, out: Path, requeue: str) -> Path:
+def _draw_seed_statistics(stats: pd.DataFrame, out: Path, requeue: str, n_requests: int,
+                          rate: float) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.bar(stats.index, stats["mean"], yerr=stats["std"], capsize=4, color="tab:blue")
     ax.scatter(stats.index, stats["max"], marker="v", color="k", label="max over seeds")
@@ -299,9 +351,10 @@ def _draw_seed_statistics(stats: pd.DataFrame, out: Path, requeue: str) -> Path:
                     ha="center", fontsize=7)
     ax.scatter(stats.index, stats["paper_mean"], marker="_", s=200, color="tab:red",
                label="paper's Table 1 mean")
-    ax.set_ylabel("average latency (s), mean +- std over seeds")
-    ax.set_title(f"n = 1000 at 50/s, cleared requests requeued at the {requeue}", fontsize=9)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.set_ylabel("average latency (s), mean ± std over seeds")
+    ax.set_title(f"n = {n_requests} at {rate:g}/s, cleared requests requeued at the {requeue} "
+                 f"(paper: n = 1000 at 50/s)", fontsize=9)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=7)
     ax.legend(fontsize=7)
     return save_figure(fig, out, stats, index=True)
 

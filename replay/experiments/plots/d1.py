@@ -67,7 +67,7 @@ def plot_d1(runs_dir: Path, out_dir: Path) -> list[Path]:
                              aggfunc="first").reindex(columns=columns)
     status = table.pivot_table(index="policy", columns="setting", values="status",
                                aggfunc="first").reindex(index=grid.index, columns=columns)
-    fig, ax = plt.subplots(figsize=(2 + 0.45 * len(columns), 1.5 + 0.4 * len(grid)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 2 + 0.45 * len(columns)), 2 + 0.4 * len(grid)))
     image = ax.imshow(np.log2(grid.to_numpy(dtype=float)), cmap="viridis_r", aspect="auto",
                       vmin=0, vmax=2)
     for (i, j), value in np.ndenumerate(grid.to_numpy(dtype=float)):
@@ -78,7 +78,7 @@ def plot_d1(runs_dir: Path, out_dir: Path) -> list[Path]:
     ax.set_xticks(range(len(columns)), columns, rotation=60, ha="right", fontsize=6)
     ax.set_yticks(range(len(grid)), grid.index, fontsize=7)
     fig.colorbar(image, ax=ax, label="log2(average latency / best in setting)")
-    ax.set_title("D1: average latency over the best policy of each panel / model / memory / "
-                 "workload", fontsize=9)
+    ax.set_title("D1: average latency over the best policy's\nin each panel / model / memory / "
+                 "workload\n(- : not run there; a status: did not complete)", fontsize=9)
     return [save_figure(fig, out_dir / "d1_latency.png", table.drop(columns="setting"))]
 

@@ -38,7 +38,14 @@ def wait_table(sweep_dir: Path) -> pd.DataFrame:
         "n_completed": runs["n_completed"], "throughput": runs["throughput_tokens_per_s"],
         "requests_per_unit_time": column("throughput_requests_per_s"),
         "mean_latency": runs["mean_latency"], "mean_ttft": runs["mean_ttft"],
-        "evictions": runs["evictions"], "run": runs["run_dir"]})
+        "evictions": runs["evictions"], "time_unit": column("time_unit").fillna("seconds"),
+        "run": runs["run_dir"]})
+
+
+def _per_time(table: pd.DataFrame) -> str:
+    """``s`` or ``round``: the time unit of a WAIT table's runs (B0 runs in unit time)."""
+    units = set(table["time_unit"])
+    return "round" if units == {"rounds"} else "s"
 
 
 def _mean_std(table: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -58,6 +65,7 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
     rate axis the stability boundary (fluid load 1) is a vertical line.
     """
     table = wait_table(sweep_dir)
+    per = _per_time(table)
     stats = _mean_std(table, ["policy", x], ["throughput", "mean_latency", "evictions",
                                              "throughput_star", "load"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -72,10 +80,11 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
         boundary = (stats["total_rate"] / stats["load"]).median()
         for ax in (left, right):
             ax.axvline(boundary, color="gray", ls=":", label=f"stability boundary "
-                       f"({boundary:,.0f}/s)")
-    for ax, metric in ((left, "throughput (tokens/s)"), (right, "average latency (s)")):
-        ax.set_xlabel({"total_rate": "total arrival rate (requests/s)",
-                       "batch_limit": "batch limit B"}[x])
+                       f"({boundary:,.0f}/{per})")
+    for ax, metric in ((left, f"throughput (tokens/{per})"),
+                       (right, f"average latency ({'s' if per == 's' else 'rounds'})")):
+        ax.set_xlabel({"total_rate": f"total arrival rate (requests/{per})",
+                       "batch_limit": "batch limit B (requests in a batch)"}[x])
         ax.set_ylabel(metric)
         ax.legend(fontsize=7)
     fig.suptitle(name)
@@ -87,29 +96,46 @@ def plot_policy_bars(sweep_dir: Path, out_dir: Path, name: str,
     """Throughput (with ``Throughput*``), average latency and evictions per policy,
     one group of bars per value of ``group`` (e.g. the arrival rate)."""
     table = wait_table(sweep_dir)
+    per = _per_time(table)
     stats = _mean_std(table, [group, "policy"], ["throughput", "mean_latency", "evictions",
                                                  "throughput_star", "requests_per_unit_time"])
     groups = list(stats[group].unique())
     policies = list(stats["policy"].unique())
     width = 0.8 / max(len(policies), 1)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    # A panel of zeros says nothing: with no eviction in any run, say so instead.
+    metrics = [("throughput", f"throughput (tokens/{per})"),
+               ("mean_latency", f"average latency ({'s' if per == 's' else 'rounds'})")]
+    evictions = bool(stats["evictions"].fillna(0).any())
+    if evictions:
+        metrics.append(("evictions", "evictions per run"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.4 * len(metrics), 4), squeeze=False)
+    axes = axes[0]
     for k, policy in enumerate(policies):
         part = stats[stats["policy"] == policy].set_index(group).reindex(groups)
         where = np.arange(len(groups)) + k * width
-        for ax, metric in zip(axes, ("throughput", "mean_latency", "evictions"), strict=True):
-            ax.bar(where, part[metric], width, yerr=part[f"{metric}_std"], capsize=3,
-                   label=policy)
+        unfinished = int(part["not_completed"].sum())
+        label = policy + (f" ({unfinished} of {int(part['seeds'].sum())} runs did not "
+                          f"complete)" if unfinished else "")
+        for ax, (metric, _) in zip(axes, metrics, strict=True):
+            ax.bar(where, part[metric].fillna(0), width, yerr=part[f"{metric}_std"],
+                   capsize=3, label=label)
+            for x, (_, row) in zip(where, part.iterrows(), strict=True):
+                if row["not_completed"] and row["not_completed"] == row["seeds"]:
+                    ax.text(x, 0, " did not complete", rotation=90, ha="center",
+                            va="bottom", fontsize=7)
     stars = stats.groupby(group)["throughput_star"].first().reindex(groups)
     for i, value in enumerate(stars):
         if pd.notna(value):
             axes[0].hlines(value, i - 0.1, i + 0.9, colors="k", linestyles="--",
                            label="Throughput* (fluid)" if i == 0 else None)
-    for ax, metric in zip(axes, ("throughput (tokens/s)", "average latency (s)",
-                                 "evictions"), strict=True):
+    for ax, (_, label) in zip(axes, metrics, strict=True):
         ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2)
         ax.set_xticklabels([f"{g:g}" if isinstance(g, float) else str(g) for g in groups])
-        ax.set_xlabel(group.replace("_", " "))
-        ax.set_ylabel(metric)
+        ax.set_xlabel({"total_rate": f"total arrival rate (requests/{per})"}.get(
+            group, group.replace("_", " ")))
+        ax.set_ylabel(label)
+        ax.set_ylim(0, None)
+        ax.set_xlim(-width, len(groups) - 1 + 0.8)
     axes[0].legend(fontsize=7)
-    fig.suptitle(name)
+    fig.suptitle(name + ("" if evictions else " (no evictions in any run)"))
     return [save_figure(fig, out_dir / "policies.png", stats)]

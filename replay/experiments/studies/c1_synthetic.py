@@ -59,6 +59,12 @@ PAPER_TABLE_4 = {
 POLICIES = ("sorted_lp", "sorted_f_swap", "lp_swap", "sorted_f_quantile", "sorted_f_dp",
             "mcsf", "fcfs")
 QUICK = {"trials": 2, "n": 12, "n_mixed": 16}
+#: The policies' names as figures show them.
+LABELS = {"sorted_lp": "Sorted-LP", "sorted_f_swap": "Sorted-F (swap)", "lp_swap": "LP-Swap",
+          "sorted_f_quantile": "Sorted-F (quantile)", "sorted_f_dp": "Sorted-F (dp)",
+          "mcsf": "MC-SF", "fcfs": "FCFS (MC-Benchmark)"}
+#: The paper's setup (n per distribution), where its Table 4 is comparable.
+PAPER_N = {"mixed": 200}
 
 
 def make_policy(name: str, params: dict):
@@ -161,19 +167,29 @@ def plot(summary: dict, policies, out_dir: Path) -> None:
     for ax, (distribution, entry) in zip(axes[0], summary.items(), strict=True):
         means = [entry[p]["mean"] for p in policies]
         errors = [entry[p]["se"] or 0.0 for p in policies]
-        numbers += [{"distribution": distribution, "policy": p, "mean_tel": m, "se": e}
+        numbers += [{"distribution": distribution, "policy": p, "label": LABELS.get(p, p),
+                     "mean_tel": m, "se": e,
+                     "paper_mean_tel": PAPER_TABLE_4.get(distribution, {}).get(p)}
                     for p, m, e in zip(policies, means, errors, strict=True)]
         ax.bar(range(len(policies)), means, yerr=errors, capsize=3, color="tab:blue")
         bound = entry.get("lp_bound", {}).get("mean")
         if bound is not None:
             ax.axhline(bound, color="k", ls="--", lw=1, label="LP bound")
-        ax.set_xticks(range(len(policies)), policies, rotation=60, ha="right", fontsize=7)
-        ax.set_ylim(0.9 * min(means + ([bound] if bound is not None else [])),
-                    1.05 * max(means))
+        # The paper's Table 4, where this run has its setup (not the scaled-down one).
+        paper = PAPER_TABLE_4.get(distribution, {})
+        if paper and entry["n"] == PAPER_N.get(distribution, 100):
+            where = [i for i, p in enumerate(policies) if p in paper]
+            ax.scatter(where, [paper[policies[i]] for i in where], marker="_", s=300,
+                       color="tab:red", zorder=3, label="paper's Table 4")
+        ax.set_xticks(range(len(policies)), [LABELS.get(p, p) for p in policies], rotation=60,
+                      ha="right", fontsize=7)
+        ax.set_ylim(0, None)  # bars from zero: their lengths compare
         ax.set_title(f"{distribution} (n = {entry['n']}, {entry['trials']} trials)", fontsize=8)
     axes[0][0].set_ylabel("mean TEL (rounds) ± s.e.")
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
+    for ax in axes[0]:  # the paper's marks may be in any panel
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
+            break
     save_figure(fig, out_dir / "c1_tel.png", pd.DataFrame(numbers))
 
 
