@@ -473,3 +473,20 @@ def test_a_chunked_stretch_is_priced_like_its_single_steps_up_to_the_profile_edg
         assert priced.size == edge  # up to the profile's edge
         assert priced.tolist() == [timing.duration(s) for s in single[:edge]]
     assert timing.out_of_range_batches == counted
+
+
+@needs_profiles
+@pytest.mark.parametrize("setup", ["70b", "7b"])
+def test_explain_splits_the_typical_iteration_into_parts_that_sum_to_its_price(timings, setup):
+    from replay.timing.shapes import typical_iteration, vidur_decomposition
+
+    shape_, info = typical_iteration("b1_wait_low")
+    assert (info["prompts"], info["decodes"], info["thresholds"]) == (34, 476, [17, 17])
+    timing = timings[setup]
+    parts = vidur_decomposition(timing, shape_)
+    assert sum(parts.values()) == pytest.approx(timing.duration(shape_), rel=1e-9)
+    assert ("all-reduce x 2 (tensor parallel)" in parts) == (setup == "70b")
+    assert parts["prefill attention (per prompt)"] > 0 and parts["decode attention"] > 0
+    for batch in random_batches(np.random.default_rng(5), 20):
+        assert sum(timing.parts(batch).values()) == pytest.approx(timing.duration(batch),
+                                                                  rel=1e-12)

@@ -347,19 +347,37 @@ class VidurTiming:
         return self._extrapolated_ms(new_tokens, context, total, decode, n_decode) * self._ms_to_s
 
     def _extrapolated_ms(self, new_tokens, context, total, decode, n_decode) -> float:
+        token, decode_attention, prefill_attention = self._parts_ms(new_tokens, context, total,
+                                                                    decode, n_decode)
+        return float(token + decode_attention + prefill_attention)
+
+    def parts(self, batch: BatchShape) -> dict[str, float]:
+        """:meth:`duration` split into Vidur's three summed parts, in seconds: the token-wise
+        operations at the batch's new tokens, decode attention, prefill attention (per
+        prompt). Inside the profile their sum is :meth:`duration`; outside it, what
+        ``out_of_range=extrapolate`` prices (without counting the batch)."""
+        new_tokens, context = batch.new_tokens, batch.context
+        decode = new_tokens == 1
+        parts = self._parts_ms(new_tokens, context, int(new_tokens.sum()), decode,
+                               int(np.count_nonzero(decode)))
+        return dict(zip(("token_ops", "decode_attention", "prefill_attention"),
+                        (float(p) * self._ms_to_s for p in parts), strict=True))
+
+    def _parts_ms(self, new_tokens, context, total, decode, n_decode):
         granularity = self._granularity
         rounded = -(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING
         if rounded <= self._max_tokens:
-            ms = self._token_ms[rounded]
+            token = self._token_ms[rounded]
         else:
-            ms = self._token_ms[self._max_tokens] * rounded / self._max_tokens
+            token = self._token_ms[self._max_tokens] * rounded / self._max_tokens
+        decode_ms, prefill_ms = 0.0, 0.0
         if n_decode:
             batch = min(n_decode, self._max_batch)
             kv = -(-(int(context[decode].sum()) // n_decode) // granularity) * granularity
             kv_edge = min(kv, self._max_tokens)
-            ms += (self._decode_ms[batch, kv_edge // granularity]
-                   * (self.decode_batch_factor(n_decode, kv) if n_decode > batch else 1.0)
-                   * (kv / kv_edge if kv > kv_edge else 1.0))
+            decode_ms = (self._decode_ms[batch, kv_edge // granularity]
+                         * (self.decode_batch_factor(n_decode, kv) if n_decode > batch else 1.0)
+                         * (kv / kv_edge if kv > kv_edge else 1.0))
         prefill = ~decode
         if prefill.any():
             q, cached = new_tokens[prefill], context[prefill]
@@ -370,9 +388,10 @@ class VidurTiming:
             kv_edge = np.where(inside, kv, np.minimum(
                 kv, (self._max_tokens - chunk_edge) // granularity * granularity))
             flops_ratio = chunk * (kv + chunk / 2) / (chunk_edge * (kv_edge + chunk_edge / 2))
-            ms += float((self._prefill_ms[kv_edge // granularity, chunk_edge // CHUNK_ROUNDING]
-                         * flops_ratio).sum())
-        return float(ms)
+            prefill_ms = float((self._prefill_ms[kv_edge // granularity,
+                                                 chunk_edge // CHUNK_ROUNDING]
+                                * flops_ratio).sum())
+        return token, decode_ms, prefill_ms
 
     def _beyond_profile_provenance(self) -> dict:
         what = {"linear": "decode attention past the largest profiled decode batch scales "
