@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from hydra.errors import InstantiationException  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
 from replay.config import compose_config  # noqa: E402
 from replay.errors import ConfigError, InputError  # noqa: E402
@@ -169,12 +169,14 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, fractions: list,
               horizons: list, growth_limit: float, delay_floor: float, seed: int = 0,
               overrides: list | None = None, quick: bool = False,
               quick_settings: dict | None = None) -> dict:
-    settings = {"scenarios": {k: dict(v) for k, v in dict(scenarios).items()},
-                "fractions": list(fractions), "horizons": list(horizons),
-                "overrides": list(overrides or [])}
+    def plain(value):
+        return OmegaConf.to_container(value, resolve=True) if isinstance(
+            value, DictConfig | ListConfig) else value
+
+    settings = {"scenarios": plain(scenarios), "fractions": plain(fractions),
+                "horizons": plain(horizons), "overrides": list(plain(overrides) or [])}
     if quick:
-        q = OmegaConf.to_container(quick_settings, resolve=True) if isinstance(
-            quick_settings, DictConfig) else dict(quick_settings or {})
+        q = dict(plain(quick_settings) or {})
         settings.update(q)
     if len(settings["horizons"]) != 2:
         raise ConfigError(f"study.horizons: need two horizons, got {settings['horizons']}")
