@@ -18,7 +18,7 @@ Thresholds (``thresholds=``): ``fluid`` (default; the authors' code and the flui
 equilibrium's per-stage count for a batch of about ``batch_limit`` requests),
 ``paper_printed`` (the formula in the paper's experiments section, which starves
 long types) or ``condition_11`` (the smallest rate-proportional thresholds meeting
-the paper's condition (11) for the linear coefficients ``d0, d1, d2``); see
+the paper's condition (11) for the linear coefficients ``d0 .. d4``); see
 :func:`replay.fluid.model.wait_thresholds`. ``n`` gives them directly instead.
 Overflow (a batch over ``M``) is handled by the engine's rule, ``evict_lifo`` by
 default; evicted requests restart at stage 0.
@@ -48,6 +48,8 @@ class Wait:
     d0: float | None = None
     d1: float | None = None
     d2: float = 0.0
+    d3: float = 0.0
+    d4: float = 0.0
     per_stage: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,10 +64,11 @@ class Wait:
                                   f"({mix.rate.size}), got {list(self.n)}")
         else:
             n = wait_thresholds(mix, self.thresholds, self.batch_limit, self.d0, self.d1,
-                                self.d2)
+                                self.d2, d3=self.d3, d4=self.d4)
             if n is None:
                 raise ConfigError(f"policy.thresholds={self.thresholds}: no thresholds meet "
-                                  f"condition (11): the load d1 W + d2 P is >= 1 (unstable)")
+                                  f"condition (11): the load d1 W + d2 P + d3 D + d4 R is >= 1 "
+                                  f"(unstable)")
         if self.max_wait is not None and not self.max_wait > 0:
             raise ConfigError(f"policy.max_wait must be > 0 or null, got {self.max_wait}")
         self.per_stage = n
@@ -75,7 +78,7 @@ class Wait:
         return {"thresholds": self.per_stage.tolist(), "rule": "given" if self.n is not None
                 else self.thresholds, "batch_limit": self.batch_limit,
                 **condition_11(self.mix, self.per_stage, self.d0 or 0.0, self.d1 or 0.0,
-                               self.d2)}
+                               self.d2, d3=self.d3, d4=self.d4)}
 
     def decide(self, view: PolicyView) -> Batch:
         waiting, running = view.waiting, view.running

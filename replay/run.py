@@ -88,9 +88,10 @@ def fluid_benchmark(types, cfg: DictConfig) -> dict:
     the B figures mark."""
     mix = TypeMix.from_types(list(types))
     c = linear_coefficients(cfg)
+    d = {k: c[k] for k in ("d0", "d1", "d2", "d3", "d4")}
     return {"coefficients": c, "total_rate": float(mix.rate.sum()), "rates": mix.rate.tolist(),
-            "rate_scale_at_boundary": stability_boundary(mix, c["d1"], c["d2"]),
-            **equilibrium(mix, c["d0"], c["d1"], c["d2"])}
+            "rate_scale_at_boundary": stability_boundary(mix, d["d1"], d["d2"], d["d3"], d["d4"]),
+            **equilibrium(mix, **d)}
 
 
 def known_types(cfg: DictConfig, workload) -> dict:

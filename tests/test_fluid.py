@@ -13,9 +13,11 @@ import pytest
 from replay.errors import ConfigError
 from replay.fluid.model import (
     TypeMix,
+    batch_time,
     condition_11,
     condition_12,
     equilibrium,
+    nested_condition_thresholds,
     scale_thresholds,
     segment_edges,
     segment_memory_terms,
@@ -86,6 +88,114 @@ def test_wait_threshold_rules():
         assert not condition_11(low, np.array(fewer), 0.00925, 3.686e-7)["holds"]
     with pytest.raises(ConfigError, match="thresholds"):
         wait_thresholds(low, "bogus", 100)
+
+
+# ---------------------------------------------------------------- per-token terms d3, d4
+# Hand-worked cases (docs/fluid.md): per second W = KV touched, P = prefill tokens,
+# D = decode tokens, R = prompts; load = d1 W + d2 P + d3 D + d4 R; tau* = d0 / (1 - load).
+
+
+def test_one_type_with_a_decode_term_by_hand():
+    # (s, o, rate) = (2, 3, 1): W = 1 * 3 * (2 + 2) = 12, P = 2, D = 1 * (3 - 1) = 2.
+    one = mix((2, 3, 1))
+    eq = equilibrium(one, 2.0, 0.01, 0.02, 0.1)
+    assert (eq["W"], eq["P"], eq["D"], eq["R"]) == (12, 2, 2, 1)
+    assert eq["load"] == pytest.approx(0.12 + 0.04 + 0.2)
+    assert eq["tau_star"] == pytest.approx(3.125) and eq["m_star"] == pytest.approx(37.5)
+    assert eq["n_star"] == pytest.approx([9.375]) and eq["throughput_star"] == 3
+    assert stability_boundary(one, 0.01, 0.02, 0.1) == pytest.approx(1 / 0.36)
+    # One fluid iteration at x = tau* per stage takes exactly tau*: KV 37.5, 6.25 prefill
+    # and 6.25 decode tokens: 2 + 0.375 + 0.125 + 0.625.
+    assert batch_time(one, np.array([3.125]), 2.0, 0.01, 0.02, 0.1) == pytest.approx(3.125)
+    # Condition 11: n = 4 (Delta T = 2 + 4 * 0.36 = 3.44 <= 4; n = 3 gives 3.08 > 3).
+    n = wait_thresholds(one, "condition_11", d0=2.0, d1=0.01, d2=0.02, d3=0.1)
+    assert n.tolist() == [4]
+    assert condition_11(one, n, 2.0, 0.01, 0.02, d3=0.1)["delta_t"] == pytest.approx(3.44)
+    # Without d3: load 0.16, tau* = 2 / 0.84, and condition 11 needs only n = 3.
+    eq0 = equilibrium(one, 2.0, 0.01, 0.02)
+    assert eq0["load"] == pytest.approx(0.16) and eq0["tau_star"] == pytest.approx(2 / 0.84)
+    assert wait_thresholds(one, "condition_11", d0=2.0, d1=0.01, d2=0.02).tolist() == [3]
+
+
+def test_two_types_with_a_decode_term_by_hand():
+    # (1, 2, 2) and (3, 4, 1): W = 2*2*(1 + 1.5) + 1*4*(3 + 2.5) = 32, P = 5, D = 2 + 3 = 5.
+    two = mix((1, 2, 2), (3, 4, 1))
+    eq = equilibrium(two, 0.5, 0.01, 0.05, 0.05)
+    assert (eq["W"], eq["P"], eq["D"]) == (32, 5, 5) and eq["load"] == pytest.approx(0.82)
+    assert eq["tau_star"] == pytest.approx(0.5 / 0.18)
+    assert eq["m_star"] == pytest.approx(32 * 0.5 / 0.18)
+    assert eq["n_star"] == pytest.approx([0.5 / 0.18 * 4] * 2) and eq["throughput_star"] == 8
+    assert stability_boundary(two, 0.01, 0.05, 0.05) == pytest.approx(1 / 0.82)
+    # Condition 11 on the ray n = max(1, ceil(x (2, 1))): (6, 3), Delta T = 0.5 + 0.96 + 0.75
+    # + 0.75 = 2.96 <= min(6/2, 3/1); (5, 3) gives 2.81 > 2.5. Without d3: (4, 2).
+    n = wait_thresholds(two, "condition_11", d0=0.5, d1=0.01, d2=0.05, d3=0.05)
+    assert n.tolist() == [6, 3]
+    assert condition_11(two, n, 0.5, 0.01, 0.05, d3=0.05)["delta_t"] == pytest.approx(2.96)
+    assert not condition_11(two, np.array([5, 3]), 0.5, 0.01, 0.05, d3=0.05)["holds"]
+    assert wait_thresholds(two, "condition_11", d0=0.5, d1=0.01, d2=0.05).tolist() == [4, 2]
+
+
+def test_paper_convention_prefills_l_tokens_in_batch_time_too():
+    # Paper (l, l') = (3, 2) at 1 (harness (2, 3)): P = l = 3, D = l' = 2 = Throughput*.
+    paper = mix((3, 2, 1), convention="paper")
+    eq = equilibrium(paper, 1.0, 0.01, 0.02, 0.1)
+    assert (eq["W"], eq["P"], eq["D"], eq["throughput_star"]) == (12, 3, 2, 2)
+    assert eq["load"] == pytest.approx(0.38) and eq["tau_star"] == pytest.approx(1 / 0.62)
+    # The fluid iteration takes tau* in batch_time as well: it prefills l = 3 tokens per
+    # entrant, as equilibrium counts them (it used s = 2 before, 0.02 * tau* too fast).
+    x = eq["tau_star"]
+    assert batch_time(paper, np.array([x]), 1.0, 0.01, 0.02, 0.1) == pytest.approx(x)
+    assert batch_time(paper, np.array([1]), 0.0, 0.0, 1.0) == 3
+
+
+def test_a_per_prompt_term_by_hand():
+    # (2, 3, 1) with d4 = 0.05 per prompt: R = 1, load = 0.36 + 0.05 = 0.41.
+    one = mix((2, 3, 1))
+    eq = equilibrium(one, 2.0, 0.01, 0.02, 0.1, 0.05)
+    assert eq["R"] == 1 and eq["load"] == pytest.approx(0.41)
+    assert eq["tau_star"] == pytest.approx(2 / 0.59)
+    assert eq["load_terms"] == pytest.approx({"d1_W": 0.12, "d2_P": 0.04, "d3_D": 0.2,
+                                              "d4_R": 0.05})
+    # Delta T(n) = 2 + 0.41 n <= n from n = 4 on (3 gives 3.23 > 3).
+    assert wait_thresholds(one, "condition_11", d0=2.0, d1=0.01, d2=0.02, d3=0.1,
+                           d4=0.05).tolist() == [4]
+    # Past the boundary there are none: rates x 2.5 give load 1.025.
+    faster = mix((2, 3, 2.5))
+    assert not equilibrium(faster, 2.0, 0.01, 0.02, 0.1, 0.05)["stable"]
+    assert wait_thresholds(faster, "condition_11", d0=2.0, d1=0.01, d2=0.02, d3=0.1,
+                           d4=0.05) is None
+
+
+def test_zero_new_terms_change_nothing():
+    rng = np.random.default_rng(3)
+    types = mix(*[(int(s), int(o), float(r)) for s, o, r in
+                  zip(rng.integers(1, 100, 5), rng.integers(1, 300, 5), rng.uniform(1, 50, 5),
+                      strict=True)])
+    d0, d1, d2 = 0.00925, 3.686e-7, 6.399e-05
+    old_load = d1 * float((types.rate * types.memory_per_request).sum()) + d2 * float(
+        (types.rate * types.prompt_len).sum())
+    eq = equilibrium(types, d0, d1, d2, 0.0, 0.0)
+    assert eq["load"] == old_load and eq["tau_star"] == d0 / (1 - old_load)
+    assert stability_boundary(types, d1, d2, 0.0, 0.0) == 1 / old_load
+    n = wait_thresholds(types, "condition_11", d0=d0, d1=d1, d2=d2)
+    assert (n == wait_thresholds(types, "condition_11", d0=d0, d1=d1, d2=d2, d3=0.0,
+                                 d4=0.0)).all()
+
+
+def test_nested_condition_16_with_the_token_terms_by_hand():
+    # One segment of 2 stages (edges 0, 2), l = 1, tail rate 1: M_pi = n (2 + 3) = 5 n,
+    # n prompts of 1 token, 2 n decodes. (16): 1 + 0.05 n + d2 n + 2 d3 n + d4 n <= n.
+    tails, edges = np.array([1.0]), np.array([0, 2])
+
+    def smallest(**d):
+        n = nested_condition_thresholds(tails, edges, 1.0, 1.0, 0.01, 0.0, **d)
+        return None if n is None else n.tolist()
+
+    assert smallest() == [2]                                    # n >= 1 / 0.95
+    assert smallest(d3=0.3) == [3]                              # n >= 1 / 0.35
+    assert smallest(d2=0.1, d4=0.1) == [2]                      # n >= 1 / 0.75
+    assert smallest(d2=0.1, d3=0.3, d4=0.1) == [7]              # n >= 1 / 0.15
+    assert smallest(d2=0.1, d3=0.5, d4=0.1) is None             # the slope reaches 1
 
 
 def test_condition_11_reports_memory():

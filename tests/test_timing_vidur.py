@@ -14,7 +14,7 @@ from replay.data import MissingDataError
 from replay.errors import ConfigError
 from replay.timing import LinearTiming, aiconfigurator, attention_7b, profiles_fetch
 from replay.timing.base import BatchShape, Stretch, TimingBackend
-from replay.timing.fit_linear import batch_mix, fit
+from replay.timing.fit_linear import batch_mix, fit, grid_errors, region_table
 from replay.timing.shapes import compose_timing, shape_table, standard_shapes
 from replay.timing.vidur import VidurRangeError, VidurTiming
 from replay.timing.vidur_build import vidur_batch
@@ -324,20 +324,87 @@ def test_standard_shapes_table(timings):
 
 
 def test_fit_linear_recovers_known_coefficients():
-    truth = LinearTiming(d0=0.02, d1=3e-7, d2=1.5e-4)
+    truth = LinearTiming(d0=0.02, d1=3e-7, d2=1.5e-4, d3=5e-5, d4=2e-4)
     result = fit(truth, batch_mix(np.random.default_rng(0), 300))
-    assert result["d0"] == pytest.approx(truth.d0, rel=1e-6)
-    assert result["d1"] == pytest.approx(truth.d1, rel=1e-6)
-    assert result["d2"] == pytest.approx(truth.d2, rel=1e-6)
+    for name in ("d0", "d1", "d2", "d3", "d4"):
+        assert result[name] == pytest.approx(getattr(truth, name), rel=1e-6)
     assert result["max_relative_error"] < 1e-6
 
 
-def test_batch_mix_stays_inside_the_profiled_range():
-    batches = batch_mix(np.random.default_rng(3), 500)
-    assert all(b.new_tokens.sum() <= 4096 and (b.new_tokens == 1).sum() <= 128
-               and (b.context + b.new_tokens).max() <= 4096 for b in batches)
-    prefill_share = np.mean([b.is_prefill.any() for b in batches])
-    assert 0.1 < prefill_share < 0.3
+def test_batch_mix_covers_what_policies_produce():
+    mix = batch_mix(np.random.default_rng(3), 1500)
+    kinds = pd.Series([kind for kind, _ in mix]).value_counts(normalize=True)
+    assert kinds["decode"] == pytest.approx(0.6, abs=0.05)
+    batches = [b for _, b in mix]
+    decodes = np.array([int((~b.is_prefill).sum()) for b in batches])
+    prompts = np.array([int(b.is_prefill.sum()) for b in batches])
+    assert decodes.max() > 512 and decodes.max() <= 1024      # past Vidur's 128 on purpose
+    assert prompts.max() > 30                                  # many short prompts at once
+    assert all(int(b.new_tokens[b.is_prefill].sum()) <= 4096 for b in batches)
+    assert all((b.context + b.new_tokens).max() <= 4096 for b in batches)
+    # Per-batch context scales: large decode batches at short and at long mean contexts.
+    means = [b.context[~b.is_prefill].mean() for b, d in zip(batches, decodes, strict=True)
+             if d >= 256 and not b.is_prefill.any()]
+    assert min(means) < 100 and max(means) > 2000
+
+
+@needs_profiles
+def test_fit_meets_its_target_on_the_quick_predictor(timings):
+    """Decode batches 1..512 x contexts 16..4096: median relative error <= 5 %, max <= 20 %
+    (the cheap random forests; the published fit uses the default grid)."""
+    for setup in ("7b", "70b"):
+        timing = timings[setup]
+        result = fit(timing, batch_mix(np.random.default_rng(0), 600))
+        model = LinearTiming(**{k: result[k] for k in ("d0", "d1", "d2", "d3", "d4")})
+        table = region_table(grid_errors(timing, model)).set_index("cell")
+        target = table.iloc[0]
+        assert target["n"] == 204
+        assert target["median_abs"] <= 0.05 and target["max_abs"] <= 0.20, (setup, target)
+        assert result["d3"] > 0 and result["d4"] > 0
+
+
+@needs_profiles
+@pytest.mark.parametrize("setup", ["70b", "7b"])
+def test_beyond_profile_changes_only_batches_past_the_profile(timings, cache_dir, setup):
+    model, hardware, overrides = SETUPS[setup]
+    modes = {mode: compose_timing(model, hardware, [f"data_dir={DATA_DIR}",
+                                                    f"timing.cache_dir={cache_dir}", *overrides,
+                                                    f"timing.beyond_profile={mode}"])
+             for mode in ("linear", "flat", "measured")}
+    assert timings[setup].describe()["beyond_profile"]["mode"] == "linear"  # the default
+    for mode, timing in modes.items():
+        info = timing.describe()["beyond_profile"]
+        assert info["mode"] == mode and info["edge_decode_batch"] == 128
+    assert "tables" in modes["measured"].describe()["beyond_profile"]
+    inside = random_batches(np.random.default_rng(4), 60) + [
+        shape([1] * 128, [c] * 128) for c in (16, 576, 4000)] + [shape([1], [4160])]
+    for batch in inside:
+        prices = {mode: t.duration(batch) for mode, t in modes.items()}
+        assert prices["flat"] == prices["linear"] == prices["measured"]
+    tables = modes["flat"].tables
+    ms_to_s = tables.num_layers * 1e-3
+    changed = set()
+    for size, context in ((129, 576), (256, 16), (512, 2048), (1024, 100)):
+        batch = shape([1] * size, [context] * size)
+        prices = {mode: t.duration(batch) for mode, t in modes.items()}
+        column = -(-context // 32)
+        token = tables.token_ms[-(-size // 8) * 8]
+        assert prices["flat"] == pytest.approx((token + tables.decode_ms[128, column]) * ms_to_s)
+        assert prices["linear"] == pytest.approx(
+            (token + tables.decode_ms[128, column] * size / 128) * ms_to_s)
+        assert prices["flat"] < prices["measured"] <= prices["linear"] * 1.1
+        changed |= {m for m in prices if prices[m] != prices["linear"]}
+    assert changed == {"flat", "measured"}
+    # A profiled stretch is priced the same way by every mode.
+    stretch = Stretch(64, 64 * 300, 300)
+    assert (modes["flat"].stretch_durations(stretch, 10)
+            == modes["measured"].stretch_durations(stretch, 10)).all()
+
+
+def test_beyond_profile_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="beyond_profile"):
+        VidurTiming(profile_dir=str(tmp_path), model="meta-llama/Llama-2-70b-hf",
+                    device="a100", tensor_parallel=2, beyond_profile="bogus")
 
 
 @needs_profiles
@@ -409,3 +476,20 @@ def test_a_chunked_stretch_is_priced_like_its_single_steps_up_to_the_profile_edg
         assert priced.size == edge  # up to the profile's edge
         assert priced.tolist() == [timing.duration(s) for s in single[:edge]]
     assert timing.out_of_range_batches == counted
+
+
+@needs_profiles
+@pytest.mark.parametrize("setup", ["70b", "7b"])
+def test_explain_splits_the_typical_iteration_into_parts_that_sum_to_its_price(timings, setup):
+    from replay.timing.shapes import typical_iteration, vidur_decomposition
+
+    shape_, info = typical_iteration("b1_wait_low")
+    assert (info["prompts"], info["decodes"], info["thresholds"]) == (34, 476, [17, 17])
+    timing = timings[setup]
+    parts = vidur_decomposition(timing, shape_)
+    assert sum(parts.values()) == pytest.approx(timing.duration(shape_), rel=1e-9)
+    assert ("all-reduce x 2 (tensor parallel)" in parts) == (setup == "70b")
+    assert parts["prefill attention (per prompt)"] > 0 and parts["decode attention"] > 0
+    for batch in random_batches(np.random.default_rng(5), 20):
+        assert sum(timing.parts(batch).values()) == pytest.approx(timing.duration(batch),
+                                                                  rel=1e-12)

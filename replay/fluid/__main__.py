@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from replay.errors import ConfigError
 from replay.fluid.model import (
+    COEFFICIENTS,
     THRESHOLD_RULES,
     TypeMix,
     condition_11,
@@ -33,20 +34,21 @@ def describe(cfg) -> dict:
     # The workload's effective rates (after total_rate / load rescaling).
     mix = TypeMix.from_types(list(instantiate(cfg.workload).types), convention)
     coefficients = linear_coefficients(cfg)
-    d0, d1, d2 = coefficients["d0"], coefficients["d1"], coefficients["d2"]
-    out = {"convention": convention, "d0": d0, "d1": d1, "d2": d2,
+    d = {k: coefficients[k] for k in COEFFICIENTS}
+    slopes = {k: d[k] for k in ("d1", "d2", "d3", "d4")}
+    out = {"convention": convention, **d,
            "coefficients_source": coefficients["source"],
-           "rate_scale_at_boundary": stability_boundary(mix, d1, d2),
-           **equilibrium(mix, d0, d1, d2)}
+           "rate_scale_at_boundary": stability_boundary(mix, **slopes),
+           **equilibrium(mix, **d)}
     batch_limit = cfg.policy.get("batch_limit", cfg.get("batch_limit"))
     kv_tokens = int(cfg.kv.tokens) if cfg.kv.get("tokens") is not None else None
     thresholds = {}
     for rule in THRESHOLD_RULES:
         if rule != "condition_11" and batch_limit is None:
             continue
-        n = wait_thresholds(mix, rule, batch_limit, d0, d1, d2)
+        n = wait_thresholds(mix, rule, batch_limit, **d)
         thresholds[rule] = None if n is None else {
-            "n": n.tolist(), **condition_11(mix, n, d0, d1, d2, kv_tokens)}
+            "n": n.tolist(), **condition_11(mix, n, **d, kv_capacity=kv_tokens)}
     out.update(batch_limit=batch_limit, kv_capacity=kv_tokens, thresholds=thresholds)
     return out
 

@@ -7,11 +7,16 @@ paper type ``(l, l')`` has exactly the footprint of ``(s, o) = (l - 1, l' + 1)``
 numbers (its throughput counts ``l'`` decode tokens per request, the harness
 counts ``o``; its prefill processes ``l`` tokens).
 
-For the linear iteration time ``tau = d0 + d1 * KV + d2 * prefill tokens``:
+For the linear iteration time ``tau = d0 + d1 KV + d2 (prefill tokens) + d3 (decode
+tokens) + d4 (prompts)`` (:class:`replay.timing.simple.LinearTiming`; derivation in
+docs/fluid.md), per second of arrivals:
 
     W = sum_j rate_j o_j (s_j + (o_j + 1) / 2)     P = sum_j rate_j s_j
-    load = d1 W + d2 P (stable iff < 1)   tau* = d0 / (1 - load)   M* = tau* W
-    n_j* = tau* rate_j o_j                Throughput* = sum_j rate_j o_j
+    D = sum_j rate_j (o_j - 1)                     R = sum_j rate_j
+    load = d1 W + d2 P + d3 D + d4 R (stable iff < 1)   tau* = d0 / (1 - load)
+    M* = tau* W     n_j* = tau* rate_j o_j     Throughput* = sum_j rate_j o_j
+
+With ``d3 = d4 = 0`` every function gives what it gave before these terms existed.
 
 ``python -m replay.fluid [hydra overrides]`` prints these, the WAIT thresholds
 and the condition checks for the configured typed workload as one JSON line.
@@ -84,13 +89,39 @@ class TypeMix:
         """Prefill tokens: ``s`` (harness) or ``l = s + 1`` (paper)."""
         return self.prompt_len + (1 if self.convention == "paper" else 0)
 
+    @property
+    def decode_per_request(self) -> np.ndarray:
+        """Decode iterations (one new token each): ``o - 1`` (= ``l'`` in the paper's terms);
+        the first of the ``o`` iterations is the prefill."""
+        return self.output_len - 1
 
-def equilibrium(mix: TypeMix, d0: float, d1: float, d2: float = 0.0) -> dict:
-    """The fluid equilibrium (paper eqs. (8)-(10), plus the prefill term ``d2``)."""
-    work = float((mix.rate * mix.memory_per_request).sum())
-    prefill = float((mix.rate * mix.prefill_per_request).sum())
-    load = d1 * work + d2 * prefill
-    out = {"W": work, "P": prefill, "load": load, "stable": load < 1,
+
+def rates(mix: TypeMix) -> dict[str, float]:
+    """Per second of arrivals: ``W`` (KV touched), ``P`` (prefill tokens), ``D`` (decode
+    tokens) and ``R`` (prompts) that the iterations must process; each iteration of
+    length ``tau`` processes ``tau`` times these in the fluid equilibrium."""
+    return {"W": float((mix.rate * mix.memory_per_request).sum()),
+            "P": float((mix.rate * mix.prefill_per_request).sum()),
+            "D": float((mix.rate * mix.decode_per_request).sum()),
+            "R": float(mix.rate.sum())}
+
+
+def load_terms(mix: TypeMix, d1: float, d2: float = 0.0, d3: float = 0.0,
+               d4: float = 0.0) -> dict[str, float]:
+    """The load's four parts ``d1 W``, ``d2 P``, ``d3 D``, ``d4 R`` (their sum is the load)."""
+    r = rates(mix)
+    return {"d1_W": d1 * r["W"], "d2_P": d2 * r["P"], "d3_D": d3 * r["D"], "d4_R": d4 * r["R"]}
+
+
+def equilibrium(mix: TypeMix, d0: float, d1: float, d2: float = 0.0, d3: float = 0.0,
+                d4: float = 0.0) -> dict:
+    """The fluid equilibrium (paper eqs. (8)-(10), plus the terms ``d2``, ``d3``, ``d4``)."""
+    r = rates(mix)
+    work = r["W"]
+    terms = load_terms(mix, d1, d2, d3, d4)
+    load = terms["d1_W"] + terms["d2_P"] + terms["d3_D"] + terms["d4_R"]
+    out = {"W": work, "P": r["P"], "D": r["D"], "R": r["R"], "load": load,
+           "load_terms": terms, "stable": load < 1,
            "throughput_star": float((mix.rate * mix.tokens_per_request).sum()),
            "convention": mix.convention}
     if load < 1:
@@ -102,10 +133,11 @@ def equilibrium(mix: TypeMix, d0: float, d1: float, d2: float = 0.0) -> dict:
     return out
 
 
-def stability_boundary(mix: TypeMix, d1: float, d2: float = 0.0) -> float:
-    """The factor by which the rates can be scaled before the load reaches 1."""
-    unit = d1 * float((mix.rate * mix.memory_per_request).sum()) + d2 * float(
-        (mix.rate * mix.prefill_per_request).sum())
+def stability_boundary(mix: TypeMix, d1: float, d2: float = 0.0, d3: float = 0.0,
+                       d4: float = 0.0) -> float:
+    """The factor by which the rates can be scaled before the load reaches 1 (every
+    part of the load is proportional to the rates)."""
+    unit = sum(load_terms(mix, d1, d2, d3, d4).values())
     return math.inf if unit == 0 else 1.0 / unit
 
 
@@ -114,14 +146,20 @@ def batch_memory(mix: TypeMix, n: np.ndarray) -> float:
     return float((np.asarray(n) * mix.memory_per_request).sum())
 
 
-def batch_time(mix: TypeMix, n: np.ndarray, d0: float, d1: float, d2: float = 0.0) -> float:
-    """``Delta T``: that iteration's linear time (its stage-0 requests prefill)."""
-    return d0 + d1 * batch_memory(mix, n) + d2 * float((np.asarray(n) * mix.prompt_len).sum())
+def batch_time(mix: TypeMix, n: np.ndarray, d0: float, d1: float, d2: float = 0.0,
+               d3: float = 0.0, d4: float = 0.0) -> float:
+    """``Delta T``: that iteration's linear time. Its ``n_j`` stage-0 requests of type ``j``
+    prefill (``prefill_per_request`` tokens each, as :func:`equilibrium` counts them) and
+    its ``n_j (o_j - 1)`` later-stage requests decode."""
+    n = np.asarray(n)
+    return (d0 + d1 * batch_memory(mix, n) + d2 * float((n * mix.prefill_per_request).sum())
+            + d3 * float((n * mix.decode_per_request).sum()) + d4 * float(n.sum()))
 
 
 def wait_thresholds(mix: TypeMix, rule: str, batch_limit: float | None = None,
                     d0: float | None = None, d1: float | None = None, d2: float = 0.0,
-                    max_steps: int = 1_000_000) -> np.ndarray | None:
+                    max_steps: int = 1_000_000, d3: float = 0.0,
+                    d4: float = 0.0) -> np.ndarray | None:
     """Per-stage thresholds ``n_j`` of WAIT (POLICIES.md §6); ``None`` if none exist.
 
     * ``fluid``: ``max(1, round(B rate_j / sum_k rate_k o_k))`` (a full iteration holds
@@ -129,7 +167,9 @@ def wait_thresholds(mix: TypeMix, rule: str, batch_limit: float | None = None,
     * ``paper_printed``: ``max(1, round(B rho_j / o_j))``, ``rho_j = rate_j / sum rate``;
     * ``condition_11``: the smallest ``n_j = max(1, ceil(x rate_j))`` (proportional to
       the rates, like ``fluid``) with ``Delta T(n) <= n_j / rate_j`` for every ``j``,
-      found by raising ``x`` from one breakpoint of the ceilings to the next.
+      found by raising ``x`` from one breakpoint of the ceilings to the next. On the
+      ray ``n = x rate`` (before rounding) the condition reads ``d0 + x load <= x``, i.e.
+      ``x >= tau*``: none exist when the load is >= 1.
     """
     if rule not in THRESHOLD_RULES:
         raise ConfigError(f"policy.thresholds must be one of {THRESHOLD_RULES}, got {rule!r}")
@@ -143,9 +183,9 @@ def wait_thresholds(mix: TypeMix, rule: str, batch_limit: float | None = None,
         return np.maximum(1, np.round(raw)).astype(np.int64)
     if d0 is None or d1 is None:
         raise ConfigError("thresholds=condition_11 needs the linear timing coefficients d0, d1")
-    if not equilibrium(mix, d0, d1, d2)["stable"]:
+    if not equilibrium(mix, d0, d1, d2, d3, d4)["stable"]:
         return None
-    return smallest_on_ray(mix.rate, lambda n: batch_time(mix, n, d0, d1, d2)
+    return smallest_on_ray(mix.rate, lambda n: batch_time(mix, n, d0, d1, d2, d3, d4)
                            <= float((n / mix.rate).min()), max_steps)
 
 
@@ -168,9 +208,9 @@ def smallest_on_ray(weights: np.ndarray, holds, max_steps: int = 1_000_000
 
 
 def condition_11(mix: TypeMix, n: np.ndarray, d0: float, d1: float, d2: float = 0.0,
-                 kv_capacity: int | None = None) -> dict:
+                 kv_capacity: int | None = None, d3: float = 0.0, d4: float = 0.0) -> dict:
     """Check (11) for thresholds ``n``: ``Delta T <= n_j / rate_j`` for all ``j``; and M_pi <= M."""
-    delta_t = batch_time(mix, n, d0, d1, d2)
+    delta_t = batch_time(mix, n, d0, d1, d2, d3, d4)
     slack = np.asarray(n) / mix.rate - delta_t
     m_pi = batch_memory(mix, n)
     return {"delta_t": delta_t, "m_pi": m_pi, "holds": bool((slack >= 0).all()),
@@ -268,30 +308,44 @@ def segment_memory_terms(output_len: np.ndarray, rate: np.ndarray, prompt_len: f
 
 def nested_condition_thresholds(tails: np.ndarray, edges: np.ndarray, prompt_len: float,
                                 d0: float, d1: float, epsilon: float,
-                                max_steps: int = 1_000_000) -> np.ndarray | None:
+                                max_steps: int = 1_000_000, d2: float = 0.0, d3: float = 0.0,
+                                d4: float = 0.0) -> np.ndarray | None:
     """The smallest ``n_k = ceil(x S_k (1 + eps)^(k-1))`` meeting condition (16).
 
-    Both parts: ``Delta T = d0 + d1 M_pi <= n_1 / S_1``, with ``M_pi`` the KV of an
-    iteration holding ``n_k`` requests at every stage of segment ``k`` (paper stages
-    ``b_{k-1} + 1 .. b_k`` at ``l + stage``), and ``n_{k+1} / n_k > S_{k+1} / S_k``
-    strictly after rounding. ``None`` if the family never meets it.
+    Both parts: ``Delta T <= n_1 / S_1`` and ``n_{k+1} / n_k > S_{k+1} / S_k`` strictly
+    after rounding. ``Delta T`` is the time of an iteration holding ``n_k`` requests at
+    every stage of segment ``k`` (paper stages ``b_{k-1} + 1 .. b_k``, decodes at
+    ``l + stage``) next to ``n_1`` entering prompts of ``l`` tokens:
+    ``d0 + d1 M_pi + d2 n_1 l + d3 sum_k n_k (b_k - b_{k-1}) + d4 n_1``. ``None`` if
+    the family never meets it.
     """
     weights = tails * (1 + epsilon) ** np.arange(tails.size)
     per_stage = np.array([sum(prompt_len + st for st in range(edges[k] + 1, edges[k + 1] + 1))
                           for k in range(tails.size)])
-    if d1 * float((weights * per_stage).sum()) >= weights[0] / tails[0]:
+    widths = np.diff(edges)[:tails.size].astype(float)
+
+    def growth(n: np.ndarray) -> float:  # Delta T - d0
+        n = np.asarray(n, dtype=float)
+        return (d1 * float((n * per_stage).sum()) + d2 * float(n[0]) * prompt_len
+                + d3 * float((n * widths).sum()) + d4 * float(n[0]))
+
+    if growth(weights) >= weights[0] / tails[0]:
         return None  # the time grows faster along the ray than n_1 / S_1: never met
     reached = tails > 0
 
     def holds(n: np.ndarray) -> bool:
         ratios_ok = condition_12(n[reached], tails[reached])["strict"]
-        return ratios_ok and d0 + d1 * float((n * per_stage).sum()) <= n[0] / tails[0]
+        return ratios_ok and d0 + growth(n) <= n[0] / tails[0]
 
     return smallest_on_ray(np.where(reached, weights, 1e-300), holds, max_steps)
 
 
+COEFFICIENTS = ("d0", "d1", "d2", "d3", "d4")
+
+
 def linear_coefficients(cfg) -> dict:
-    """``{d0, d1, d2, source}`` of the linear iteration-time model a config implies.
+    """``{d0, d1, d2, d3, d4, source}`` of the linear iteration-time model a config implies
+    (a coefficient the config does not give is 0).
 
     Unit time: one round per iteration (``d0 = 1``). ``timing=linear``: its own
     coefficients. Otherwise (Vidur) the model's fitted ones for the hardware
@@ -299,11 +353,13 @@ def linear_coefficients(cfg) -> dict:
     """
     timing = cfg.timing
     if str(timing.get("_target_", "")).endswith("UnitTiming"):
-        return {"d0": 1.0, "d1": 0.0, "d2": 0.0, "source": "unit time: d0 = 1 round"}
+        return {"d0": 1.0, "d1": 0.0, "d2": 0.0, "d3": 0.0, "d4": 0.0,
+                "source": "unit time: d0 = 1 round"}
     if timing.get("d0") is not None:
         linear, source = timing, "timing=linear"
     else:
         linear = cfg.model.linear_timing[cfg.hardware.name]
         source = f"model.linear_timing.{cfg.hardware.name} of {cfg.model.name}"
-    return {**{k: float(linear[k]) for k in ("d0", "d1", "d2")}, "source": source}
+    return {**{k: float(linear[k]) if k in ("d0", "d1", "d2") else float(linear.get(k) or 0.0)
+               for k in COEFFICIENTS}, "source": source}
 

@@ -96,6 +96,35 @@ def prefill_kv_head_ratio() -> tuple[np.ndarray, np.ndarray]:
     return ratio.index.to_numpy(np.int64), ratio.to_numpy(float)
 
 
+def decode_batch_scaling(kv_heads: int, edge: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Measured decode-attention time of ``B`` sequences over that of ``edge`` sequences at
+    the same cached length, for ``kv_heads`` KV heads per GPU (4 or 32).
+
+    Returns ``(lengths, batch_sizes, ratio)`` with ``ratio[i, k]`` the median over the
+    collections at ``lengths[i]`` cached tokens and ``batch_sizes[k] >= edge`` (so
+    ``ratio[:, 0] = 1``). A cell no collection measured (large batches of long
+    sequences run out of memory) continues the last measured one linearly in ``B``.
+    """
+    column = f"kv{kv_heads}"
+    if kv_heads not in KV_HEADS:
+        raise ConfigError(f"{PACKAGE} decode tables are read for {KV_HEADS} KV heads per GPU, "
+                          f"not {kv_heads}")
+    table = load("decode")[column].dropna()
+    per_collection = table.unstack("batch_size")
+    per_collection = per_collection.loc[:, per_collection.columns >= edge]
+    if per_collection.columns.size == 0 or per_collection.columns[0] != edge:
+        raise ConfigError(f"{PACKAGE} decode tables have no batch of {edge} sequences")
+    ratios = per_collection.div(per_collection[edge], axis=0)
+    ratio = ratios.groupby(level="tokens").median()
+    ratio = ratio[ratio[edge].notna()]
+    sizes = ratio.columns.to_numpy(np.int64)
+    values = ratio.to_numpy(float, copy=True)
+    for k in range(1, sizes.size):
+        missing = np.isnan(values[:, k])
+        values[missing, k] = values[missing, k - 1] * sizes[k] / sizes[k - 1]
+    return ratio.index.to_numpy(np.int64), sizes, values
+
+
 def provenance() -> dict:
     """Package version and the hash of every table file read."""
     return {"package": PACKAGE, "version": metadata.version(PACKAGE), "system": SYSTEM,

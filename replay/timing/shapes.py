@@ -11,6 +11,16 @@ saves (columns ``model, hardware, shape, milliseconds, extrapolated``) the
   4096-token context, so it shows the out-of-range behaviour).
 
 Overrides apply to both models (e.g. ``timing.predictor=linear_regression``).
+
+``python -m replay.timing.shapes --explain [--experiment NAME] [hydra overrides]`` instead
+prices the **typical iteration** of a typed B experiment (default ``b1_wait_low``): WAIT's
+full iteration at its fluid thresholds for the experiment's batch limit (every stage of
+every type filled: the stage-0 requests prefill, the rest decode). It prints, for both
+models, ``timing=vidur``'s price split into what it sums: the token-wise operations per
+Vidur operation (MLP, attention projections, norms/rope/residual, all-reduces with tensor
+parallelism; from Vidur's own predictor, reloaded from the backend's cache), decode
+attention and prefill attention; and the same iteration under ``timing=linear``
+(``model.linear_timing``) term by term. ``--out`` saves both as JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from hydra.utils import instantiate
 from replay.cli import run_or_exit
 from replay.config import compose_config
 from replay.timing.base import BatchShape
+from replay.timing.vidur_tables import TOKEN_OPS, TOKEN_ROUNDING
 
 MODEL_HARDWARE = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"))
 
@@ -65,11 +76,117 @@ def shape_table(timing, model: str, hardware: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def typical_iteration(experiment: str, overrides=()) -> tuple[BatchShape, dict]:
+    """WAIT's full iteration for a typed experiment: ``n_j`` (fluid thresholds at the batch
+    limit) requests at every stage ``0..o_j - 1`` of type ``j``; stage ``k`` holds ``s_j + k``
+    slots before the iteration (stage 0: none, it prefills ``s_j`` tokens)."""
+    from replay.fluid.model import TypeMix, wait_thresholds
+
+    cfg = compose_config([f"experiment={experiment}", *overrides])
+    if "types" not in cfg.workload:
+        raise ValueError(f"--explain needs a typed experiment; {experiment} has no types")
+    mix = TypeMix.from_types(list(instantiate(cfg.workload).types))
+    batch_limit = cfg.policy.get("batch_limit", cfg.get("batch_limit")) or 512
+    n = wait_thresholds(mix, "fluid", batch_limit)
+    prompts, decodes = [], []
+    for s, o, count in zip(mix.prompt_len, mix.output_len, n, strict=True):
+        prompts += [int(s)] * int(count)
+        decodes += [int(s) + k for k in range(1, int(o)) for _ in range(int(count))]
+    shape = BatchShape(new_tokens=np.array(prompts + [1] * len(decodes), dtype=np.int64),
+                       context=np.array([0] * len(prompts) + decodes, dtype=np.int64),
+                       is_prefill=np.arange(len(prompts) + len(decodes)) < len(prompts))
+    return shape, {"experiment": experiment, "batch_limit": batch_limit,
+                   "thresholds": n.tolist(), "prompts": len(prompts), "decodes": len(decodes),
+                   "new_tokens": int(shape.new_tokens.sum()),
+                   "mean_decode_context": float(np.mean(decodes)) if decodes else 0.0}
+
+
+def vidur_decomposition(timing, shape: BatchShape) -> dict[str, float]:
+    """``timing.duration(shape)`` in seconds by priced part; the token-wise operations split
+    per Vidur operation with Vidur's own predictor."""
+    parts = timing.parts(shape)
+    predictor = timing.vidur_predictor()
+    layers = timing.tables.num_layers
+    tokens = -(-int(shape.new_tokens.sum()) // TOKEN_ROUNDING) * TOKEN_ROUNDING
+    out = {}
+    if tokens <= timing.tables.max_tokens:
+        ops = list(TOKEN_OPS) + (["post_attention_layernorm"]
+                                 if predictor._model_config.post_attn_norm else [])
+        per_op = {op: predictor._predictions[op][(tokens,)] * layers * 1e-3 for op in ops}
+        groups = {"MLP (up/gate and down projections, activation)":
+                  ("mlp_up_proj", "mlp_down_proj", "mlp_act"),
+                  "attention projections (QKV, output)": ("attn_pre_proj", "attn_post_proj"),
+                  "norms, rope, residual add": ("input_layernorm", "post_attention_layernorm",
+                                                "attn_rope", "add")}
+        for name, members in groups.items():
+            out[name] = float(sum(per_op.get(op, 0.0) for op in members))
+        rest = parts["token_ops"] - sum(out.values())
+        if predictor._replica_config.tensor_parallel_size > 1:
+            out["all-reduce x 2 (tensor parallel)"] = float(rest)
+    else:
+        out["token-wise operations (beyond the profile: scaled)"] = parts["token_ops"]
+    out["decode attention"] = parts["decode_attention"]
+    out["prefill attention (per prompt)"] = parts["prefill_attention"]
+    return out
+
+
+def linear_decomposition(model: str, hardware: str, shape: BatchShape,
+                         overrides=()) -> dict[str, float]:
+    from replay.timing.simple import LinearTiming
+
+    linear = compose_timing(model, hardware, [o for o in overrides if o.startswith("model.")],
+                            timing="linear")
+    kv, prefill, decodes, prompts = LinearTiming.terms(shape)
+    return {"d0 (per iteration)": linear.d0, f"d1 x KV touched ({kv})": linear.d1 * kv,
+            f"d2 x prefill tokens ({prefill})": linear.d2 * prefill,
+            f"d3 x decode tokens ({decodes})": linear.d3 * decodes,
+            f"d4 x prompts ({prompts})": linear.d4 * prompts}
+
+
+def explain(experiment: str, overrides, out: Path | None) -> dict:
+    shape, info = typical_iteration(experiment)
+    print(f"# The typical iteration of {experiment}: WAIT's fluid thresholds "
+          f"{info['thresholds']} at B = {info['batch_limit']}: {info['prompts']} prompts and "
+          f"{info['decodes']} decodes (mean context {info['mean_decode_context']:.1f}), "
+          f"{info['new_tokens']} new tokens")
+    result = {"iteration": info, "models": {}}
+    for model, hardware in MODEL_HARDWARE:
+        timing = compose_timing(model, hardware, overrides)
+        total = timing.duration(shape)
+        parts = vidur_decomposition(timing, shape)
+        linear = linear_decomposition(model, hardware, shape, overrides)
+        result["models"][model] = {"hardware": hardware, "vidur_s": total, "vidur_parts_s": parts,
+                                   "linear_s": sum(linear.values()), "linear_parts_s": linear,
+                                   "beyond_profile": timing.describe()["beyond_profile"]["mode"]}
+        print(f"\n## {model} on {hardware}: timing=vidur {total * 1e3:.2f} ms")
+        for name, seconds in parts.items():
+            print(f"  {name:52s} {seconds * 1e3:9.2f} ms {seconds / total:7.1%}")
+        linear_total = sum(linear.values())
+        print(f"## timing=linear {linear_total * 1e3:.2f} ms ({linear_total / total - 1:+.1%} "
+              f"against vidur)")
+        for name, seconds in linear.items():
+            print(f"  {name:52s} {seconds * 1e3:9.2f} ms {seconds / linear_total:7.1%}")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(__import__("json").dumps(result, indent=1) + "\n")
+        print(f"saved {out}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("outputs/timing_shapes.csv"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="CSV of the shapes (default outputs/timing_shapes.csv), or JSON "
+                             "of --explain (default: not saved)")
+    parser.add_argument("--explain", action="store_true",
+                        help="decompose the typical iteration of --experiment into its parts")
+    parser.add_argument("--experiment", default="b1_wait_low")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both models")
     args = parser.parse_args(argv)
+    if args.explain:
+        explain(args.experiment, args.overrides, args.out)
+        return 0
+    args.out = args.out or Path("outputs/timing_shapes.csv")
     tables = []
     for model, hardware in MODEL_HARDWARE:
         timing = compose_timing(model, hardware, args.overrides)

@@ -27,13 +27,27 @@ logging the first batch of each kind and counting them all in ``describe()``:
 * per-token operations beyond ``max_tokens_per_request`` new tokens scale
   linearly from the last profiled size (linear layers and all-reduces are
   compute- or bandwidth-bound there);
-* decode attention for more than ``max_batch_size`` requests, or a mean context
-  beyond ``max_tokens_per_request``, scales linearly in the batch size and in
-  the context (the kernel streams ``B * context`` cached tokens);
+* decode attention for more than ``max_batch_size`` requests follows
+  ``beyond_profile`` (below); a mean context beyond ``max_tokens_per_request``
+  scales linearly in the context (the kernel streams ``B * context`` cached tokens);
 * prefill attention of a request whose context + chunk exceeds
   ``max_tokens_per_request`` (or whose chunk exceeds ``max_prefill_chunk_size``)
   scales with attention FLOPs ``chunk * (context + chunk / 2)`` from the largest
   profiled point with the same chunk (or the largest chunk).
+
+``beyond_profile`` chooses how decode attention grows past the largest profiled
+decode batch (``limits.max_batch_size``, 128 in Vidur's A100 profiles; everything
+else is unaffected):
+
+* ``linear`` (default): in proportion to the batch size, from the edge's value;
+* ``flat``: the edge's value, whatever the batch size. This is what Vidur's own
+  random forests return outside their training range, and so what a simulator
+  calling Vidur directly (e.g. the WAIT authors') prices;
+* ``measured``: by the measured growth of A100 decode-attention kernels with the
+  batch size at the same cached length, from ``aiconfigurator-core``'s tables for the
+  model's KV heads per GPU (:func:`replay.timing.aiconfigurator.decode_batch_scaling`),
+  interpolated in log batch size and log context. Kernels batch better than linearly
+  at short contexts (launch and occupancy costs are shared), about linearly at long ones.
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ log = logging.getLogger(__name__)
 
 TABLES_FORMAT = 1
 OUT_OF_RANGE_MODES = ("error", "extrapolate")
+BEYOND_PROFILE_MODES = ("linear", "flat", "measured")
 ATTENTION_SOURCES = ("auto", "profile", "derived")
 
 
@@ -84,7 +99,11 @@ class VidurTiming:
                  linear_regression_grid: dict | None = None,
                  k_fold_cv_splits: int = 10, random_state: int = 0,
                  limits: dict | None = None, out_of_range: str = "extrapolate",
-                 attention: str = "auto", cache_dir: str = "~/.cache/kvsched/vidur") -> None:
+                 attention: str = "auto", cache_dir: str = "~/.cache/kvsched/vidur",
+                 beyond_profile: str = "linear", num_kv_heads: int | None = None) -> None:
+        if beyond_profile not in BEYOND_PROFILE_MODES:
+            raise ConfigError(f"timing.beyond_profile: must be one of {BEYOND_PROFILE_MODES}, "
+                              f"got {beyond_profile!r}")
         if out_of_range not in OUT_OF_RANGE_MODES:
             raise ConfigError(f"timing.out_of_range: must be one of {OUT_OF_RANGE_MODES}, "
                              f"got {out_of_range!r}")
@@ -102,6 +121,8 @@ class VidurTiming:
             raise ConfigError("timing.limits: max_prefill_chunk_size cannot exceed "
                              "max_tokens_per_request")
         self.out_of_range = out_of_range
+        self.beyond_profile = beyond_profile
+        self.num_kv_heads = num_kv_heads
         self.cache_dir = Path(cache_dir).expanduser()
         self.files, self.attention_provenance = self._resolve_files(Path(profile_dir).expanduser(),
                                                                     attention)
@@ -209,6 +230,29 @@ class VidurTiming:
         self._max_batch = tables.max_batch_size
         self._max_chunk = tables.max_prefill_chunk
         self._check_chunk = self._max_chunk < self._max_tokens
+        self._batch_scaling = None
+        if self.beyond_profile == "measured":
+            if not self.num_kv_heads:
+                raise ConfigError("timing.beyond_profile=measured needs timing.num_kv_heads "
+                                  "(the model's KV heads)")
+            per_gpu = int(self.num_kv_heads) // self.spec.tensor_parallel
+            self._batch_scaling = aiconfigurator.decode_batch_scaling(per_gpu, self._max_batch)
+
+    def decode_batch_factor(self, n_decode: int, mean_context: float) -> float:
+        """Decode attention of ``n_decode > max_batch_size`` requests over that of the largest
+        profiled batch at the same context, as ``beyond_profile`` says."""
+        edge = self._max_batch
+        if self.beyond_profile == "linear":
+            return n_decode / edge
+        if self.beyond_profile == "flat":
+            return 1.0
+        lengths, sizes, ratio = self._batch_scaling
+        x = np.log(max(mean_context, 1.0))
+        log_lengths = np.log(lengths)
+        per_size = np.array([np.interp(x, log_lengths, ratio[:, k]) for k in range(sizes.size)])
+        if n_decode >= sizes[-1]:
+            return float(per_size[-1] * n_decode / sizes[-1])
+        return float(np.interp(np.log(n_decode), np.log(sizes), per_size))
 
     # -- timing -----------------------------------------------------------------------------
 
@@ -303,18 +347,37 @@ class VidurTiming:
         return self._extrapolated_ms(new_tokens, context, total, decode, n_decode) * self._ms_to_s
 
     def _extrapolated_ms(self, new_tokens, context, total, decode, n_decode) -> float:
+        token, decode_attention, prefill_attention = self._parts_ms(new_tokens, context, total,
+                                                                    decode, n_decode)
+        return float(token + decode_attention + prefill_attention)
+
+    def parts(self, batch: BatchShape) -> dict[str, float]:
+        """:meth:`duration` split into Vidur's three summed parts, in seconds: the token-wise
+        operations at the batch's new tokens, decode attention, prefill attention (per
+        prompt). Inside the profile their sum is :meth:`duration`; outside it, what
+        ``out_of_range=extrapolate`` prices (without counting the batch)."""
+        new_tokens, context = batch.new_tokens, batch.context
+        decode = new_tokens == 1
+        parts = self._parts_ms(new_tokens, context, int(new_tokens.sum()), decode,
+                               int(np.count_nonzero(decode)))
+        return dict(zip(("token_ops", "decode_attention", "prefill_attention"),
+                        (float(p) * self._ms_to_s for p in parts), strict=True))
+
+    def _parts_ms(self, new_tokens, context, total, decode, n_decode):
         granularity = self._granularity
         rounded = -(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING
         if rounded <= self._max_tokens:
-            ms = self._token_ms[rounded]
+            token = self._token_ms[rounded]
         else:
-            ms = self._token_ms[self._max_tokens] * rounded / self._max_tokens
+            token = self._token_ms[self._max_tokens] * rounded / self._max_tokens
+        decode_ms, prefill_ms = 0.0, 0.0
         if n_decode:
             batch = min(n_decode, self._max_batch)
             kv = -(-(int(context[decode].sum()) // n_decode) // granularity) * granularity
             kv_edge = min(kv, self._max_tokens)
-            ms += (self._decode_ms[batch, kv_edge // granularity]
-                   * (n_decode / batch) * (kv / kv_edge if kv > kv_edge else 1.0))
+            decode_ms = (self._decode_ms[batch, kv_edge // granularity]
+                         * (self.decode_batch_factor(n_decode, kv) if n_decode > batch else 1.0)
+                         * (kv / kv_edge if kv > kv_edge else 1.0))
         prefill = ~decode
         if prefill.any():
             q, cached = new_tokens[prefill], context[prefill]
@@ -325,9 +388,25 @@ class VidurTiming:
             kv_edge = np.where(inside, kv, np.minimum(
                 kv, (self._max_tokens - chunk_edge) // granularity * granularity))
             flops_ratio = chunk * (kv + chunk / 2) / (chunk_edge * (kv_edge + chunk_edge / 2))
-            ms += float((self._prefill_ms[kv_edge // granularity, chunk_edge // CHUNK_ROUNDING]
-                         * flops_ratio).sum())
-        return float(ms)
+            prefill_ms = float((self._prefill_ms[kv_edge // granularity,
+                                                 chunk_edge // CHUNK_ROUNDING]
+                                * flops_ratio).sum())
+        return token, decode_ms, prefill_ms
+
+    def _beyond_profile_provenance(self) -> dict:
+        what = {"linear": "decode attention past the largest profiled decode batch scales "
+                          "in proportion to the batch size",
+                "flat": "decode attention past the largest profiled decode batch stays at the "
+                        "edge's value (Vidur's random forests outside their training range)",
+                "measured": "decode attention past the largest profiled decode batch scales as "
+                            "measured A100 kernels do (aiconfigurator-core decode tables, median "
+                            "over collections)"}
+        info = {"mode": self.beyond_profile, "what": what[self.beyond_profile],
+                "edge_decode_batch": self._max_batch}
+        if self.beyond_profile == "measured":
+            info["kv_heads_per_gpu"] = int(self.num_kv_heads) // self.spec.tensor_parallel
+            info["tables"] = aiconfigurator.provenance()
+        return info
 
     def describe(self) -> dict:
         info = {
@@ -341,6 +420,7 @@ class VidurTiming:
             "k_fold_cv_splits": self.spec.k_fold_cv_splits,
             "limits": asdict(self.spec.limits),
             "out_of_range": self.out_of_range,
+            "beyond_profile": self._beyond_profile_provenance(),
             "out_of_range_batches": dict(self.out_of_range_batches),
             "attention": self.attention_provenance,
             "vidur_version": self.key_fields["vidur"],

@@ -28,9 +28,9 @@ class Typed:
     ordered by arrival, ties by type then draw order.
 
     ``total_rate`` or ``load`` (optional, not both) rescale every rate, keeping the
-    mix: to that total rate, or so that the fluid load ``d1 W + d2 P``
+    mix: to that total rate, or so that the fluid load ``d1 W + d2 P + d3 D + d4 R``
     (:func:`replay.fluid.model.equilibrium`) equals ``load`` (1 is the stability boundary
-    of the linear timing model ``d1, d2``).
+    of the linear timing model ``d1 .. d4``).
     """
 
     types: Sequence[Mapping]
@@ -40,6 +40,8 @@ class Typed:
     load: float | None = None
     d1: float | None = None
     d2: float = 0.0
+    d3: float = 0.0
+    d4: float = 0.0
     name: str = "typed"
 
     #: The arrival times come from the workload: ``arrivals=trace`` replays them.
@@ -58,7 +60,7 @@ class Typed:
             if not self.load > 0 or not self.d1 or self.d1 <= 0:
                 raise ConfigError(f"workload.load must be > 0 and needs d1 > 0, got load="
                                   f"{self.load}, d1={self.d1}")
-            scale = self.load * stability_boundary(mix, self.d1, self.d2)
+            scale = self.load * stability_boundary(mix, self.d1, self.d2, self.d3, self.d4)
         if scale != 1.0:
             object.__setattr__(self, "types", [{**dict(t), "rate": float(t["rate"]) * scale}
                                                for t in self.types])

@@ -1,0 +1,200 @@
+"""The capacity check of the B scenarios: the fluid model's stability boundary next to the
+rate at which each policy saturates in simulation.
+
+For every scenario (a B experiment), the fluid model of the refitted linear timing
+(``model.linear_timing``, :func:`replay.fluid.model.linear_coefficients`) gives the load
+at the scenario's own rate and the **boundary rate**, the total rate at which the load
+reaches 1 (:func:`replay.fluid.model.stability_boundary`). Each policy is then replayed
+under the experiment's own timing (``timing=vidur`` for the B setups) at rates that are
+fractions of that boundary, each at two horizons (``horizons``: seconds of arrivals).
+A run is **stable in simulation** when it completes and its mean queueing delay
+(arrival to first iteration) at the long horizon is at most ``growth_limit`` times the
+short one's (with a floor of ``delay_floor`` seconds, below which any growth is noise):
+past saturation the backlog, and so the delay, grows with the horizon.
+
+Writes ``capacity.csv`` (one row per scenario, policy, rate and horizon pair),
+``capacity_summary.csv`` (per scenario and policy: fluid boundary rate, the measured
+saturation interval, and whether any rate the fluid model calls stable was unstable in
+simulation), ``capacity.png`` (delay growth against rate / boundary rate) and
+``summary.json``. ``study.quick=true`` runs ``quick_settings`` instead (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from hydra.errors import InstantiationException  # noqa: E402
+from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
+
+from replay.config import compose_config  # noqa: E402
+from replay.errors import ConfigError, InputError  # noqa: E402
+from replay.experiments.plots.common import save_figure  # noqa: E402
+from replay.experiments.studies.fluid_benchmark import scenario_types  # noqa: E402
+from replay.fluid.model import (  # noqa: E402
+    COEFFICIENTS,
+    TypeMix,
+    equilibrium,
+    linear_coefficients,
+    stability_boundary,
+)
+from replay.outputs import atomic_write_text  # noqa: E402
+from replay.run import build_and_run  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+def fluid_figures(experiment: str, data_dir: str) -> dict:
+    """The fluid load at the scenario's own rate and its boundary rate."""
+    types, _ = scenario_types(experiment, data_dir)
+    cfg = compose_config([f"experiment={experiment}", f"data_dir={data_dir}"])
+    c = linear_coefficients(cfg)
+    d = {k: c[k] for k in COEFFICIENTS}
+    mix = TypeMix.from_types(types)
+    eq = equilibrium(mix, **d)
+    total = float(mix.rate.sum())
+    scale = stability_boundary(mix, d["d1"], d["d2"], d["d3"], d["d4"])
+    return {"experiment": experiment, "own_rate": total, "fluid_load": eq["load"],
+            "fluid_stable": bool(eq["stable"]), "boundary_rate": total * scale,
+            "load_terms": eq["load_terms"], "coefficients": c,
+            "typed": "types" in cfg.workload}
+
+
+def run_point(experiment: str, policy: str, rate: float, horizon: float, typed: bool,
+              data_dir: str, seed: int, overrides: list[str]) -> dict:
+    """One replay of ``experiment`` with ``policy`` at total ``rate`` for ``horizon`` seconds."""
+    if typed:
+        load = ["workload.load=null", f"workload.total_rate={rate}",
+                f"workload.duration_s={horizon}"]
+    else:  # a trace with Poisson arrivals (B4): as many requests as the horizon holds
+        load = [f"arrivals.rate={rate}", f"workload.n={max(1, round(rate * horizon))}"]
+    cfg = compose_config([f"experiment={experiment}", f"paper_policy={policy}",
+                          f"data_dir={data_dir}", f"seed={seed}", *load, *overrides])
+    try:
+        result, _, _ = build_and_run(cfg)
+    except (InputError, InstantiationException) as exc:  # e.g. no thresholds meet (11)
+        return {"status": "refused", "message": str(exc).splitlines()[0]}
+    done = result.requests
+    delay = (done["start"] - done["arrival"]).to_numpy(float)
+    end = float((result.iterations["start_time"] + result.iterations["duration"]).max()) \
+        if len(result.iterations) else math.nan
+    return {"status": result.status, "message": result.message,
+            "requests": len(done), "mean_queueing_delay": float(np.nanmean(delay)),
+            "max_queueing_delay": float(np.nanmax(delay)),
+            "evictions": int(done["evictions"].sum()),
+            "throughput": float(done["tokens_generated"].sum()) / end if end > 0 else math.nan}
+
+
+def sweep(scenarios: dict, fractions: list[float], horizons: list[float], data_dir: str,
+          seed: int, overrides: list[str], growth_limit: float,
+          delay_floor: float) -> tuple[pd.DataFrame, dict]:
+    short, long = sorted(horizons)
+    rows, fluid = [], {}
+    for experiment, spec in scenarios.items():
+        fig = fluid_figures(experiment, data_dir)
+        fluid[experiment] = fig
+        log.info("capacity: %s: fluid load %.3g at %.4g req/s, boundary %.4g req/s", experiment,
+                 fig["fluid_load"], fig["own_rate"], fig["boundary_rate"])
+        for policy in spec["policies"]:
+            for fraction in fractions:
+                rate = fraction * fig["boundary_rate"]
+                runs = {h: run_point(experiment, policy, rate, h, fig["typed"], data_dir, seed,
+                                     overrides) for h in (short, long)}
+                growth = (max(runs[long].get("mean_queueing_delay", math.inf), delay_floor)
+                          / max(runs[short].get("mean_queueing_delay", math.inf), delay_floor))
+                completed = all(r["status"] == "completed" for r in runs.values())
+                stable = completed and growth <= growth_limit
+                rows.append({"scenario": experiment, "policy": policy, "fraction": fraction,
+                             "rate": rate, "fluid_load_at_rate": fraction,
+                             "fluid_stable": fraction < 1, "short_horizon": short,
+                             "long_horizon": long, "delay_growth": growth,
+                             "stable_in_simulation": stable,
+                             **{f"{k}_short": v for k, v in runs[short].items()},
+                             **{f"{k}_long": v for k, v in runs[long].items()}})
+                log.info("capacity: %s %s at %.3g x boundary (%.4g req/s): delay growth %.3g, "
+                         "%s", experiment, policy, fraction, rate, growth,
+                         "stable" if stable else "unstable")
+    return pd.DataFrame(rows), fluid
+
+
+def summarize(table: pd.DataFrame, fluid: dict) -> pd.DataFrame:
+    rows = []
+    for (experiment, policy), part in table.groupby(["scenario", "policy"], sort=False):
+        part = part.sort_values("rate")
+        unstable = part[~part["stable_in_simulation"]]
+        first_unstable = float(unstable["rate"].iloc[0]) if len(unstable) else math.inf
+        below = part[part["rate"] < first_unstable]
+        f = fluid[experiment]
+        lies = part[part["fluid_stable"] & ~part["stable_in_simulation"]]
+        rows.append({"scenario": experiment, "policy": policy, "own_rate": f["own_rate"],
+                     "fluid_load_at_own_rate": f["fluid_load"],
+                     "fluid_label_at_own_rate": "stable" if f["fluid_stable"] else "unstable",
+                     "fluid_boundary_rate": f["boundary_rate"],
+                     "saturation_above": float(below["rate"].max()) if len(below) else 0.0,
+                     "saturation_below": first_unstable,
+                     "fluid_stable_but_unstable_in_simulation": lies["fraction"].tolist()})
+    return pd.DataFrame(rows)
+
+
+def plot(table: pd.DataFrame, growth_limit: float, out: Path) -> Path:
+    scenarios = list(dict.fromkeys(table["scenario"]))
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.2 * len(scenarios), 3.6),
+                             squeeze=False)
+    for ax, experiment in zip(axes.flat, scenarios, strict=True):
+        part = table[table["scenario"] == experiment]
+        for policy, rows in part.groupby("policy", sort=False):
+            rows = rows.sort_values("fraction")
+            ax.plot(rows["fraction"], rows["delay_growth"].replace(np.inf, np.nan), "o-", ms=3,
+                    label=policy)
+        ax.axvline(1.0, color="gray", ls=":", label="fluid boundary (load 1)")
+        ax.axhline(growth_limit, color="red", ls="--", lw=0.8, label="growth limit")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(experiment, fontsize=9)
+        ax.set_xlabel("rate / fluid boundary rate")
+        ax.set_ylabel("mean queueing delay, long / short horizon")
+        ax.legend(fontsize=7)
+    return save_figure(fig, out, table)
+
+
+def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, fractions: list,
+              horizons: list, growth_limit: float, delay_floor: float, seed: int = 0,
+              overrides: list | None = None, quick: bool = False,
+              quick_settings: dict | None = None) -> dict:
+    def plain(value):
+        return OmegaConf.to_container(value, resolve=True) if isinstance(
+            value, DictConfig | ListConfig) else value
+
+    settings = {"scenarios": plain(scenarios), "fractions": plain(fractions),
+                "horizons": plain(horizons), "overrides": list(plain(overrides) or [])}
+    if quick:
+        q = dict(plain(quick_settings) or {})
+        settings.update(q)
+    if len(settings["horizons"]) != 2:
+        raise ConfigError(f"study.horizons: need two horizons, got {settings['horizons']}")
+    if cfg.timing.get("cache_dir"):  # the study's own Vidur cache serves every run
+        settings["overrides"] = [f"timing.cache_dir='{cfg.timing.cache_dir}'",
+                                 *settings["overrides"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table, fluid = sweep(settings["scenarios"], [float(f) for f in settings["fractions"]],
+                         [float(h) for h in settings["horizons"]], str(cfg.data_dir), int(seed),
+                         [str(o) for o in settings["overrides"]], float(growth_limit),
+                         float(delay_floor))
+    table.to_csv(out_dir / "capacity.csv", index=False)
+    summary_table = summarize(table, fluid)
+    summary_table.to_csv(out_dir / "capacity_summary.csv", index=False)
+    plot(table, float(growth_limit), out_dir / "capacity.png")
+    summary = {"study": "capacity", "quick": bool(quick), "settings": settings,
+               "growth_limit": growth_limit, "delay_floor": delay_floor, "fluid": fluid,
+               "summary": summary_table.to_dict(orient="records"),
+               "config": OmegaConf.to_container(cfg, resolve=True)}
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
