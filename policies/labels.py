@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 NAMES = {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)", "SortedLP": "Sorted-LP",
          "LPSwap": "LP-Swap", "Wait": "WAIT", "NestedWait": "Nested WAIT",
-         "VLLMLike": "vLLM-like", "SarathiLike": "Sarathi-like"}
+         "VLLMLike": "vLLM-like", "SarathiLike": "Sarathi-like",
+         "PaperFCFS": "FCFS (WAIT paper)"}
 
 
 def policy_label(policy_cfg: Mapping) -> str:

@@ -70,7 +70,13 @@ def _resolve(cfg: DictConfig) -> dict:
         key = str(exc).split("'")[1] if "'" in str(exc) else str(exc)
         if key.startswith("model.linear_timing."):
             model = cfg.model.get("name", "?")
-            known = list(cfg.model.get("linear_timing", {}).keys())
+            known = list((cfg.model.get("linear_timing") or {}).keys())
+            if not known:  # a model whose coefficients were never fitted (llama3_8b)
+                raise ConfigError(
+                    f"{exc.full_key}: model {model} has no linear timing coefficients "
+                    f"(model.linear_timing.{cfg.hardware.name} is missing from "
+                    f"configs/model/{model}.yaml); fit them with python -m "
+                    f"replay.timing.fit_linear, or choose timing=unit or timing=vidur") from None
             raise ConfigError(f"{exc.full_key}: model {model} has no linear timing "
                               f"coefficients for hardware {cfg.hardware.name} (it has "
                               f"{known}); choose hardware={' or hardware='.join(known)} or add "

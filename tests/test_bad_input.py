@@ -18,6 +18,8 @@ from tests.test_cli import run_cli
     (["engine.livelock_window=-1"], "engine.livelock_window=-1"),
     (["engine.requeue=side"], "must be front or back"),
     (["hardware=a100x1", "timing=linear"], "has no linear timing coefficients for hardware"),
+    (["model=llama3_8b", "hardware=a100x1", "timing=linear"],
+     "model llama3_8b has no linear timing coefficients (model.linear_timing.a100x1 is missing"),
     (["workload=csv", "workload.path=/"], "is a directory"),
     (["engine.max_starts_per_round=0"], "engine.max_starts_per_round=0"),
     (["policy=sorted_f", "policy.solver=knapsack"], "policy.solver='knapsack'"),

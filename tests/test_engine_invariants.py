@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
+from policies.paper_fcfs import PaperFCFS
 from policies.protection import AlphaProtection
 from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
 from replay.timing import LinearTiming, UnitTiming
@@ -30,6 +31,7 @@ POLICIES = {
     "mcsf": lambda: MCSF(EvictLIFO()),
     "protection": lambda: AlphaProtection(0.3, ClearAll()),
     "clearing": lambda: AlphaProtection(0.2, ClearEachWithProb(0.3)),
+    "paper_fcfs": lambda: PaperFCFS(EvictLIFO()),
 }
 TIMINGS = {"unit": UnitTiming, "linear": lambda: LinearTiming(0.01, 1e-4, 5e-4)}
 

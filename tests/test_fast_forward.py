@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
+from policies.paper_fcfs import PaperFCFS
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
@@ -26,6 +27,7 @@ from tests.test_serving_policies import paged_instances
 POLICIES = {
     "fcfs": lambda: FCFSLookahead(EvictLIFO()),
     "mcsf": lambda: MCSF(EvictLIFO()),
+    "paper_fcfs": lambda: PaperFCFS(EvictLIFO()),
     "vllm": lambda: VLLMLike(EvictLIFO(), max_num_seqs=8, max_num_batched_tokens=200),
     "sarathi": lambda: SarathiLike(EvictLIFO(), chunk_size=16, max_num_seqs=8),
     "sarathi_reserve": lambda: SarathiLike(EvictLIFO(), chunk_size=16, reserve_prompt=True),

@@ -43,3 +43,24 @@ def test_activation_reserve_and_blocks_reduce_capacity():
 def test_model_that_does_not_fit_is_an_error():
     with pytest.raises(ValueError, match="do not fit"):
         mha_formula(LLAMA2_70B, A100X1)
+
+
+def test_llama3_8b_on_one_a100_composes_and_gives_its_gqa_capacity():
+    from hydra.utils import instantiate
+
+    from replay.config import compose_config
+
+    cfg = compose_config(["model=llama3_8b", "hardware=a100x1", "kv=gqa_formula"])
+    assert (cfg.model.num_layers, cfg.model.num_q_heads, cfg.model.num_kv_heads,
+            cfg.model.head_dim, cfg.model.hidden_size) == (32, 32, 8, 128, 4096)
+    kv = instantiate(cfg.kv)
+    # K and V, 32 layers, 8 KV heads of 128 dimensions, 2 bytes: 131,072 bytes (128 KiB)
+    # per token. Free memory: 80e9 - 8e9 parameters * 2 bytes = 64e9 bytes.
+    # 64,000,000,000 // 131,072 = 488,281 (488,281.25).
+    assert kv.detail["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert (kv.tokens, kv.mode) == (488_281, "gqa_formula")
+    # In vLLM's blocks of 16: 30,517 whole blocks = 488,272 slots.
+    assert instantiate(cfg.kv, block_size=16).tokens == 30_517 * 16 == 488_272
+    # The printed MHA formula ignores the 8 KV heads: 2 * 32 * 4096 * 2 = 524,288 bytes, a
+    # quarter of the true capacity: 64e9 // 524,288 = 122,070.
+    assert mha_formula(cfg.model, cfg.hardware).tokens == 122_070
