@@ -13,6 +13,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from replay.data import cache_dir
+
 
 def _config_dir() -> Path:
     """``configs/`` of a source checkout, else the installed ``kvsched_configs`` package."""
@@ -63,6 +65,9 @@ def job_dirname(override_dirname: str) -> str:
 
 
 def register_resolvers() -> None:
-
+    """``job_dirname`` (sweep job folders) and ``kvsched_cache`` (the per-user cache folder,
+    e.g. ``${kvsched_cache:vidur}``) for the config tree."""
     if not OmegaConf.has_resolver("job_dirname"):
         OmegaConf.register_new_resolver("job_dirname", job_dirname)
+    if not OmegaConf.has_resolver("kvsched_cache"):
+        OmegaConf.register_new_resolver("kvsched_cache", lambda *parts: str(cache_dir(*parts)))

@@ -105,8 +105,11 @@ def smallest_alpha_check(paper: dict[float, float]) -> Check:
 
 def fcfs_loss_check(out_dir: Path) -> tuple[str, str]:
     bars = _csv(out_dir, "policies.csv").set_index("policy")
-    loss = 1 - bars.loc["alpha-protection (0.0)", "throughput"] / bars.loc["WAIT", "throughput"]
-    return _verdict(0.12 <= loss <= 0.25), f"greedy FCFS throughput {loss:.0%} below WAIT's"
+    # The paper's FCFS (new requests first, the latest evicted while the rest of the batch
+    # runs); the greedy variant under the engine's fail-and-retry convention livelocks.
+    loss = 1 - bars.loc["FCFS (WAIT paper)", "throughput"] / bars.loc["WAIT", "throughput"]
+    return (_verdict(0.12 <= loss <= 0.25),
+            f"the paper's FCFS throughput {loss:.0%} below WAIT's")
 
 
 def wait_best_check(policy: str) -> Check:

@@ -358,7 +358,13 @@ def linear_coefficients(cfg) -> dict:
     if timing.get("d0") is not None:
         linear, source = timing, "timing=linear"
     else:
-        linear = cfg.model.linear_timing[cfg.hardware.name]
+        linear = (cfg.model.get("linear_timing") or {}).get(cfg.hardware.name)
+        if linear is None:
+            raise ConfigError(
+                f"model.linear_timing.{cfg.hardware.name}: model {cfg.model.name} has no linear "
+                f"timing coefficients for hardware {cfg.hardware.name}, which the fluid "
+                f"benchmark of a typed workload needs (fit them with python -m "
+                f"replay.timing.fit_linear)")
         source = f"model.linear_timing.{cfg.hardware.name} of {cfg.model.name}"
     return {**{k: float(linear[k]) if k in ("d0", "d1", "d2") else float(linear.get(k) or 0.0)
                for k in COEFFICIENTS}, "source": source}

@@ -64,6 +64,7 @@ import fasteners
 import numpy as np
 import pandas as pd
 
+from replay import data
 from replay.data import file_record, require_file
 from replay.errors import ConfigError, InputError
 from replay.timing import aiconfigurator, attention_7b
@@ -99,7 +100,7 @@ class VidurTiming:
                  linear_regression_grid: dict | None = None,
                  k_fold_cv_splits: int = 10, random_state: int = 0,
                  limits: dict | None = None, out_of_range: str = "extrapolate",
-                 attention: str = "auto", cache_dir: str = "~/.cache/kvsched/vidur",
+                 attention: str = "auto", cache_dir: str | None = None,
                  beyond_profile: str = "linear", num_kv_heads: int | None = None) -> None:
         if beyond_profile not in BEYOND_PROFILE_MODES:
             raise ConfigError(f"timing.beyond_profile: must be one of {BEYOND_PROFILE_MODES}, "
@@ -123,7 +124,7 @@ class VidurTiming:
         self.out_of_range = out_of_range
         self.beyond_profile = beyond_profile
         self.num_kv_heads = num_kv_heads
-        self.cache_dir = Path(cache_dir).expanduser()
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else data.cache_dir("vidur")
         self.files, self.attention_provenance = self._resolve_files(Path(profile_dir).expanduser(),
                                                                     attention)
         self.key_fields = {

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from policies.labels import policy_label  # noqa: E402
 from replay.errors import InputError  # noqa: E402
 from replay.results import nested, runs_under  # noqa: E402
 
@@ -93,24 +94,6 @@ def latency_of_first_n(requests: pd.DataFrame, ns: Sequence[int]) -> pd.DataFram
         rows.append({"n": n, "mean_latency": done["latency"].mean() if len(done) else np.nan,
                      "n_completed": len(done)})
     return pd.DataFrame(rows)
-
-
-def policy_label(policy_cfg: dict) -> str:
-    """A legend label for a resolved ``policy`` config, e.g. ``alpha/beta-clearing (0.2, 0.1)``."""
-    name = policy_cfg["_target_"].rsplit(".", 1)[-1]
-    overflow = policy_cfg.get("overflow", {}).get("_target_", "")
-    if name == "AlphaProtection":
-        if overflow.endswith("ClearEachWithProb"):
-            return f"alpha/beta-clearing ({policy_cfg['alpha']}, {policy_cfg['overflow']['beta']})"
-        return f"alpha-protection ({policy_cfg['alpha']})"
-    if name == "SortedF":
-        return f"Sorted-F ({policy_cfg['solver']})"
-    if name == "AMin":
-        return {"a_min": "Sorted-F + A_min", "a_max": "Sorted-F + A_max",
-                "optimistic": "Sorted-F, optimistic"}[policy_cfg["variant"]]
-    return {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)", "SortedLP": "Sorted-LP",
-            "LPSwap": "LP-Swap", "Wait": "WAIT", "NestedWait": "Nested WAIT",
-            "VLLMLike": "vLLM-like", "SarathiLike": "Sarathi-like"}.get(name, name)
 
 
 def plot_latency_vs_n(sweep_dir: Path, out_dir: Path, points: int = 10) -> list[Path]:

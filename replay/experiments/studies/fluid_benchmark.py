@@ -63,7 +63,8 @@ def benchmark_table(scenarios: dict[str, str], data_dir: str, simulated_root: Pa
     for name, experiment in scenarios.items():
         types, c = scenario_types(experiment, data_dir)
         for convention in ("harness", "paper"):
-            eq = equilibrium(TypeMix.from_types(types, convention), c["d0"], c["d1"], c["d2"])
+            eq = equilibrium(TypeMix.from_types(types, convention), c["d0"], c["d1"], c["d2"],
+                             c["d3"], c["d4"])
             rows.append({"scenario": name, "experiment": experiment, "convention": convention,
                          "total_rate": sum(t["rate"] for t in types), **c,
                          **{k: eq[k] for k in ("W", "load", "stable", "tau_star", "m_star",
@@ -102,7 +103,8 @@ def segment_terms(cfg: DictConfig, histogram: pd.Series, settings: list[dict],
             edges = np.concatenate(([0], [lengths[g[-1]] for g in groups]))
             tails = np.array([rate[lengths > b].sum() for b in edges[:-1]])
             n = nested_condition_thresholds(tails, edges, prompt_len, linear["d0"],
-                                            linear["d1"], epsilon)
+                                            linear["d1"], epsilon, d2=linear["d2"],
+                                            d3=linear["d3"], d4=linear["d4"])
             if n is None:
                 rows.append({**setting, "segments": segments, "term1": np.nan,
                              "term2": np.nan, "term3": np.nan, "total": np.nan})
