@@ -257,9 +257,10 @@ def main() -> None:
     if "report" in args.targets:
         outputs_root = args.outputs.resolve()
         if not outputs_root.is_dir():
-            print(f"warning: {outputs_root} does not exist: no target has run there, so the "
-                  f"report lists every target as never run (python -m replay.reproduce "
-                  f"TARGET...{' --quick' if args.quick else ''} runs them)", file=sys.stderr)
+            # Most likely a mistyped folder; a report of nothing would also blank the
+            # committed results pages.
+            fail(f"{outputs_root}: no reproduction outputs to report on (python -m "
+                 f"replay.reproduce TARGET...{' --quick' if args.quick else ''} runs them)")
         report_dir = args.report or outputs_root.parent / ("report-quick" if args.quick
                                                            else "report")
         print(f"wrote {build_report(TARGETS, outputs_root, report_dir, args.quick)}")

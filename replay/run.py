@@ -20,6 +20,7 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from replay.config import register_resolvers
 from replay.engine.loop import Engine, RunResult
 from replay.engine.metrics import summarize
 from replay.engine.requests import RequestError, Requests
@@ -105,6 +106,7 @@ def known_types(cfg: DictConfig, workload) -> dict:
 
 def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     """Instantiate every component of ``cfg`` and replay it."""
+    register_resolvers()  # a sweep or study worker resolves the config's interpolations too
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
     workload = instantiate(cfg.workload)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from replay.experiments.studies.alpha_search import smallest_finishing
 from tests.test_cli import run_cli
@@ -25,6 +26,7 @@ def test_smallest_finishing_distinguishes_first_success_from_stable_success():
     assert found.loc[10, ["smallest_finishing_alpha", "finishes_from_alpha"]].isna().all()
 
 
+@pytest.mark.slow
 def test_tiny_alpha_search_finds_a_livelock_and_a_finishing_alpha(tmp_path):
     proc = run_cli("experiment=a7_small", "workload.n=120", "kv.tokens=1500",
                    "study.alpha_step=0.1", f"hydra.run.dir={tmp_path}")

@@ -7,6 +7,10 @@ import pytest
 
 from tests.test_cli import run_cli
 
+#: Slow (one subprocess per bad value):
+#: CI runs it, and so does `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["seed=abc"], "seed='abc' is not allowed: it must be a whole number >= 0"),

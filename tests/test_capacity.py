@@ -39,6 +39,7 @@ def test_wait_on_the_refitted_linear_timing_is_stable_below_load_1_only():
     assert above[30] > 2 * above[10]                   # the backlog grows with the horizon
 
 
+@pytest.mark.slow
 def test_capacity_study_quick(tmp_path):
     import subprocess
     import sys

@@ -41,6 +41,7 @@ def test_c3_example_prints_summary_as_last_line_and_writes_tables(tmp_path):
             "kv_after"} <= set(iterations.columns)
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_identical_outputs(tmp_path):
     args = ("policy=clearing", "kv.tokens=3000", "arrivals.rate=30", "workload.n=300",
             "seed=7")
@@ -55,6 +56,7 @@ def test_same_config_and_seed_give_identical_outputs(tmp_path):
     assert a == b
 
 
+@pytest.mark.slow
 def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
     sweep = ("-m", "experiment=c3_example", "policy=fcfs,mcsf",
              "workload.groups=[{count:21,prompt_len:1,output_len:2},"
@@ -105,6 +107,7 @@ def test_a_run_prints_a_summary_for_people_on_stderr_and_json_last_on_stdout(tmp
     assert f"mean {summary['mean_ttft'] * 1e3:,.1f} ms" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_error_line_without_traceback(tmp_path):
     impossible = run_cli("kv.tokens=100", f"hydra.run.dir={tmp_path / 'a'}")
     assert impossible.returncode == 2

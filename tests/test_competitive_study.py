@@ -77,6 +77,7 @@ def test_rerun_with_other_parameters_is_refused(tmp_path):
         run(other, tmp_path)
 
 
+@pytest.mark.slow
 def test_parallel_trials_match_serial(tmp_path):
     serial = study_config("mcsf_vs_opt_offline_small", "study.quick=true", "study.workers=1",
                           "study.progress=false")

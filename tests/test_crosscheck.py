@@ -8,8 +8,9 @@ import pytest
 from replay.crosscheck import Setup, crosscheck
 from tests.conftest import DATA_DIR
 
-pytestmark = pytest.mark.skipif(not (DATA_DIR / "vidur").is_dir(),
-                                reason=f"needs the Vidur profiles under {DATA_DIR}")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (DATA_DIR / "vidur").is_dir(),
+                                 reason=f"needs the Vidur profiles under {DATA_DIR}")]
 
 
 @pytest.fixture(scope="module")

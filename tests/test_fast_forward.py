@@ -50,6 +50,7 @@ def assert_same_run(fast, slow):
     assert fast.decisions <= slow.decisions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("timing", TIMINGS)
 @pytest.mark.parametrize("preemption", ["restart", "recompute"])
 @pytest.mark.parametrize("policy", POLICIES)

@@ -16,6 +16,10 @@ import pytest
 
 from tests.conftest import REPO
 
+#: Slow (kills and resumes real sweeps):
+#: CI runs it, and so does `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 #: Results that do not depend on how the run went (wall times and paths do).
 VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "config", "packages", "input_files",
             "timing"}

@@ -10,6 +10,10 @@ import pytest
 
 from tests.test_cli import run_cli
 
+#: Slow (sweeps through Ray and submitit):
+#: CI runs it, and so does `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 SWEEP = ("-m", "experiment=c3_example", "policy=fcfs,mcsf,sorted_f",
          "workload.groups=[{count:1,prompt_len:63,output_len:1},{count:21,prompt_len:1,"
          "output_len:2}],[{count:21,prompt_len:1,output_len:2},{count:1,prompt_len:63,"

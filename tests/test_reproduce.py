@@ -17,6 +17,10 @@ from replay.experiments.targets import MANIFEST, TARGETS, Target
 from replay.reproduce import Tally, run_target, stale_reason
 from tests.conftest import DATA_DIR
 
+#: Slow (every reproduction target, scaled down, and the report in a browser):
+#: CI runs it, and so does `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):

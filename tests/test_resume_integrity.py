@@ -13,6 +13,10 @@ import pytest
 from replay.outputs import append_row, drop_partial_last_row
 from tests.test_cli import last_json, run_cli
 
+#: Slow (subprocess runs per resume case):
+#: CI runs it, and so does `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 TRACE = "prompt,output\n3,4\n5,2\n2,6\n"
 
 
@@ -193,7 +197,7 @@ def test_every_command_has_help(name):
 
 @pytest.mark.parametrize(("name", "args", "fragment"), [
     ("replay.plots", ["kv", "/nonexistent"], "not a finished run"),
-    ("replay.timing.shapes", ["policy=nope"], "policy/nope"),
+    ("replay.timing.shapes", ["policy=nope"], "policy=nope: no such option"),
     ("replay.timing.shapes", ["data_dir=/nonexistent"], "not found"),
     ("replay.timing.attention_sources", ["data_dir=/nonexistent"], "not found"),
     ("replay.fluid", ["workload=lmsys_synthetic"], "typed workload"),

@@ -178,6 +178,7 @@ def test_a_min_evicts_the_shortest_estimate_when_the_plan_overflows():
     assert (result.iterations["kv_peak"] <= 10).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(instance=instances(), alpha=st.sampled_from([0.2, 0.5, 0.8, 1.0]))
 def test_interval_policies_complete_under_ratio_predictions(instance, alpha):

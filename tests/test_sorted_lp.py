@@ -45,6 +45,7 @@ def test_grid_one_is_the_fine_model(instance):
     assert (fine.start == coarse.start).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(instance=instances(max_n=10), grid=st.integers(2, 6))
 def test_lp_values_never_exceed_any_policys_tel(instance, grid):
@@ -67,6 +68,7 @@ def test_auto_grid_caps_the_first_lp():
     assert lp_bound(inst, tail_cuts=False, grid=grid).columns <= 20_000 * 1.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [SortedLP, LPSwap])
 @settings(max_examples=20, deadline=None)
 @given(instance=instances(max_n=15))

@@ -86,6 +86,7 @@ def random_batches(rng, n):
     return batches
 
 
+@pytest.mark.slow
 @needs_profiles
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_tables_reproduce_vidur_get_execution_time(timings, setup):
