@@ -8,7 +8,6 @@ versions) is written next to it.
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import time
@@ -25,7 +24,14 @@ from replay.engine.metrics import summarize
 from replay.engine.requests import RequestError, Requests
 from replay.errors import ConfigError
 from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stability_boundary
-from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
+from replay.outputs import (
+    TABLES,
+    atomic_write,
+    atomic_write_text,
+    read_summary,
+    stale_reason,
+    summary_json,
+)
 from replay.workloads.prediction import error_summary, predict
 
 log = logging.getLogger(__name__)
@@ -175,13 +181,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     })
     (out_dir / "summary.json").unlink(missing_ok=True)
     frames = {"requests.parquet": result.requests, "iterations.parquet": result.iterations}
+    written = {}
     for name in TABLES:
         if name in tables:
-            atomic_write(out_dir / name,
-                         lambda tmp, frame=frames[name]: frame.to_parquet(tmp, index=False))
+            record = atomic_write(out_dir / name, lambda tmp, frame=frames[name]:
+                                  frame.to_parquet(tmp, index=False))
+            written[name] = {"bytes": record["bytes"], "sha256": record["sha256"]}
         else:
             (out_dir / name).unlink(missing_ok=True)
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    # The summary, written last, is the manifest: a resume reuses this run only while every
+    # table still has the size and SHA-256 recorded here (replay.outputs.stale_reason).
+    summary["output_files"] = written
+    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     if result.status != "completed":
         log.warning("run ended with status %s: %s", result.status, result.message)
     return summary
