@@ -6,7 +6,6 @@ and field named, or dropped and counted when the workload's options say so.
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -51,8 +50,10 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
     p = require_file(path, "workload trace")
     try:
         header = pd.read_csv(p, nrows=0, dtype=str).columns
-        with open(p, newline="") as fh:
-            names = next(csv.reader(fh), [])
+        # The raw header (pandas would rename a repeated column), read by pandas too so that
+        # a compressed trace (.csv.gz, .zip, ...) is decompressed the same way.
+        first = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
+        names = first.iloc[0].tolist() if len(first) else []
     except (*_CSV_ERRORS, OSError) as exc:
         raise RequestError(f"{p}: not a readable CSV ({exc})") from exc
     repeated = sorted({name for name in names if names.count(name) > 1})
