@@ -6,13 +6,15 @@ and field named, or dropped and counted when the workload's options say so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from replay.data import file_record, require_file
 from replay.engine.requests import RequestError, Requests
+from replay.params import check
 
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
 
@@ -159,14 +161,14 @@ class CsvTrace:
     prompt_column: str
     output_column: str
     arrival_column: str | None = None
-    n: int | None = None
+    n: int | None = field(default=None, metadata=check(ge=1))
     replace: bool = False
-    first_rows: int | None = None
+    first_rows: int | None = field(default=None, metadata=check(ge=1))
     drop_nonpositive: bool = False
-    max_prompt_len: int | None = None
-    max_output_len: int | None = None
-    max_total_len: int | None = None
-    over_cap: str = "drop"
+    max_prompt_len: int | None = field(default=None, metadata=check(ge=1))
+    max_output_len: int | None = field(default=None, metadata=check(ge=1))
+    max_total_len: int | None = field(default=None, metadata=check(ge=2))
+    over_cap: Literal["drop", "clip"] = "drop"
     length_unit: str = "tokens"
     name: str = "trace"
 
