@@ -30,7 +30,7 @@ import numpy as np
 from policies.common.lookahead import admissible_prefix, remaining_iterations
 from policies.common.planned import PlannedQueue
 from replay.bounds.instance import Instance
-from replay.bounds.lp import LPBound, auto_grid, lp_bound
+from replay.bounds.lp import LP_MAX_NONZEROS, LPBound, auto_grid, lp_bound
 from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError, SolverError
 from replay.params import check
@@ -60,8 +60,12 @@ class SortedLP:
         inst = Instance(s, o, np.zeros(s.size, dtype=np.int64), kv_capacity)
         grid = (auto_grid(inst, self.max_columns, self.max_nonzeros) if self.grid == "auto"
                 else int(self.grid))
+        keys = ("use policy.grid=auto or a coarser policy.grid" if self.grid != "auto" else
+                "set policy.max_columns or policy.max_nonzeros lower")
         lp = lp_bound(inst, tail_cuts=False, grid=grid, method=self.method,
-                      time_limit_s=self.time_limit_s)
+                      time_limit_s=self.time_limit_s,
+                      max_nonzeros=max(LP_MAX_NONZEROS, self.max_nonzeros or 0),
+                      size_keys=f"{keys} (policy.max_nonzeros raises the limit)")
         self.lp_runs.append(lp.describe())
         if lp.status != "optimal":
             raise SolverError(f"policy {type(self).__name__}: the LP over {s.size} requests "

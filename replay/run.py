@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from replay.engine.loop import Engine, RunResult
 from replay.engine.metrics import summarize
 from replay.engine.requests import RequestError, Requests
-from replay.errors import ConfigError
+from replay.errors import ConfigError, LimitError
 from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stability_boundary
 from replay.outputs import (
     TABLES,
@@ -51,17 +51,48 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+#: The most requests one replay may draw (each costs a few hundred bytes through the run and
+#: its tables); ``+limits.max_requests=N`` raises it.
+MAX_REQUESTS = 20_000_000
+
+
+def expected_requests(workload, arrivals) -> tuple[float, str] | None:
+    """How many requests a run will draw, estimated from the config alone, and the keys
+    that set it (``None``: the count is a file's rows, already in memory)."""
+    if getattr(arrivals, "sets_count", False) and hasattr(arrivals, "expected_requests"):
+        return arrivals.expected_requests()
+    if hasattr(workload, "expected_requests"):
+        return workload.expected_requests()
+    n = getattr(workload, "n", None)
+    return (float(n), "workload.n") if isinstance(n, int | float) else None
+
+
+def guard_requests(workload, arrivals, limit: float = MAX_REQUESTS) -> None:
+    """Refuse a run whose estimated request count is beyond ``limit``, before drawing it."""
+    estimate = expected_requests(workload, arrivals)
+    if estimate is None:
+        return
+    count, keys = estimate
+    if not count <= limit:  # also NaN
+        raise LimitError(f"this run would draw ~{count:.3g} requests (limit {limit:.3g}); it "
+                         f"follows from {keys}: lower it (or raise +limits.max_requests=N)")
+
+
 def make_requests(workload, arrivals, seed: int, time_unit: str,
-                  workload_seed: int | None = None) -> Requests:
+                  workload_seed: int | None = None,
+                  max_requests: float = MAX_REQUESTS) -> Requests:
     """Draw the request lengths and their arrival times from independent seeded streams.
 
     The lengths come from ``workload_seed`` when given (``None``: ``seed``), so that a
     study can keep one request set and re-draw only the arrivals (EXPERIMENTS.md A4).
+    The expected number of requests is checked against ``max_requests`` first
+    (:func:`guard_requests`), so an absurd rate or ``n`` is an error, not an allocation.
     """
     if getattr(workload, "defines_arrivals", False) and not getattr(
             arrivals, "replays_workload_times", False):
         raise ConfigError(f"workload {workload.name} generates its own arrival times (Poisson "
                           f"per type); run it with arrivals=trace")
+    guard_requests(workload, arrivals, max_requests)
     length_stream, arrival_stream = np.random.SeedSequence([seed, 0xA7]).spawn(2)
     if workload_seed is not None:
         length_stream = np.random.SeedSequence([workload_seed, 0xA7]).spawn(2)[0]
@@ -113,8 +144,10 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
     workload = instantiate(cfg.workload)
+    limits = cfg.get("limits") or {}
     requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit,
-                             cfg.get("workload_seed"))
+                             cfg.get("workload_seed"),
+                             limits.get("max_requests", MAX_REQUESTS))
     requests = with_predictions(requests, instantiate(cfg.prediction), kv.tokens, cfg.seed)
     policy = instantiate(cfg.policy, **known_types(cfg, workload))
     engine = Engine(requests, policy, timing, kv, seed=cfg.seed,

@@ -56,6 +56,7 @@ RULES = (
     Rule("kv.tokens", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("workload.n", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1 or null",
          optional=True),
+    Rule("limits.max_requests", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("batch_limit", (int, float), lambda v: not isinstance(v, bool) and v > 0,
          "a number > 0"),
 )

@@ -94,6 +94,10 @@ class PoissonRounds:
             raise ArrivalError(f"arrivals: need rate > 0 and horizon >= 1, got rate="
                                f"{self.rate}, horizon={self.horizon}")
 
+    def expected_requests(self) -> tuple[float, str]:
+        """The mean number of arrivals, and the keys that set it."""
+        return self.rate * self.horizon, "arrivals.rate x arrivals.horizon"
+
     def sample(self, rng: np.random.Generator, n: int | None = None,
                trace_arrival=None) -> np.ndarray:
         counts = rng.poisson(self.rate, size=self.horizon)

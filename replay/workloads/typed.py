@@ -70,6 +70,13 @@ class Typed:
             raise ConfigError(f"workload.time_unit must be seconds or rounds, "
                               f"got {self.time_unit!r}")
 
+    def expected_requests(self) -> tuple[float, str]:
+        """How many requests :meth:`sample` draws on average, and the keys that set it (a
+        cheap estimate, checked before anything that size is allocated)."""
+        total = sum(float(t["rate"]) for t in self.types)
+        periods = int(self.duration_s) if self.time_unit == "rounds" else self.duration_s
+        return total * periods, "workload.types[*].rate x workload.duration_s"
+
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
         if n is not None:
             raise RequestError(f"workload {self.name}: the number of requests follows from the "
