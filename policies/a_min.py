@@ -21,6 +21,7 @@ Phase 1 and 2 are Sorted-F's (``solver``, ``phase1_feasibility``). With
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -34,7 +35,7 @@ VARIANTS = ("a_min", "a_max", "optimistic")
 
 @dataclass
 class AMin(SortedF):
-    variant: str = "a_min"
+    variant: Literal["a_min", "a_max", "optimistic"] = "a_min"
     estimates: np.ndarray | None = field(default=None, init=False, repr=False)
     policy_evictions: int = field(default=0, init=False)
 

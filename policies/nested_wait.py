@@ -22,8 +22,8 @@ Same drain rule, ``max_wait`` and overflow rule (``evict_lifo``) as WAIT.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,21 +31,22 @@ from policies.common.staging import first_per_group
 from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
 from replay.fluid.model import TypeMix, condition_12, scale_thresholds, segment_edges, segment_tails
+from replay.params import RequestType, check
 
 
 @dataclass
 class NestedWait:
     overflow: OverflowRule
-    boundaries: Sequence[int] | None = None
-    segment_width: int | None = None
-    segments: int | None = None
-    max_stage: int | None = None
-    ratios: Sequence[float] | None = None
-    types: Sequence[Mapping] | None = None
-    batch_limit: float = 512
-    epsilon: float = 0.0
-    n: Sequence[int] | None = None
-    max_wait: float | None = None
+    boundaries: Sequence[int] | None = field(default=None, metadata=check(ge=1))
+    segment_width: int | None = field(default=None, metadata=check(ge=1))
+    segments: int | None = field(default=None, metadata=check(ge=1))
+    max_stage: int | None = field(default=None, metadata=check(ge=1))
+    ratios: Sequence[float] | None = field(default=None, metadata=check(gt=0))
+    types: Sequence[RequestType] | None = None
+    batch_limit: float = field(default=512, metadata=check(gt=0))
+    epsilon: float = field(default=0.0, metadata=check(ge=0))
+    n: Sequence[int] | None = field(default=None, metadata=check(ge=1))
+    max_wait: float | None = field(default=None, metadata=check(gt=0))
 
     def __post_init__(self) -> None:
         if self.boundaries is None:
@@ -57,7 +58,13 @@ class NestedWait:
         if last is None:
             raise ConfigError("policy.max_stage is needed (the open segment's length) when "
                               "the workload has no types")
-        self.edges = segment_edges(list(self.boundaries), last)
+        inner = list(self.boundaries)
+        if any(b >= c for b, c in zip(inner, inner[1:], strict=False)):
+            raise ConfigError(f"policy.boundaries={inner} must be strictly increasing")
+        if self.max_stage is not None and inner and self.max_stage <= inner[-1]:
+            raise ConfigError(f"policy.max_stage={self.max_stage} must exceed the last boundary "
+                              f"{inner[-1]} (policy.boundaries); the open segment would be empty")
+        self.edges = segment_edges(inner, last)
         self.tails = None if mix is None else segment_tails(mix, self.edges)
         if self.n is not None:
             n = np.asarray(list(self.n), dtype=np.int64)

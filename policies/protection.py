@@ -4,12 +4,13 @@ rule their config gives the engine (``ClearAll`` or ``ClearEachWithProb(beta)``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
+from replay.params import check
 
 
 @dataclass
@@ -21,7 +22,7 @@ class AlphaProtection:
     may later outgrow ``M``: the engine then applies ``overflow``.
     """
 
-    alpha: float
+    alpha: float = field(metadata=check(ge=0, lt=1))
     overflow: OverflowRule
 
     def __post_init__(self) -> None:

@@ -27,13 +27,15 @@ without reservation), the latest of them is preempted so the oldest can go on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from policies.common.serving import check_serving_limits, preempt_latest_until_fit
 from replay.engine.paging import BlockGrowth, blocks
 from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+from replay.params import check
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 #: How far ahead a decision with reserved prompt chunks is checked for repeating (a longer
@@ -44,12 +46,12 @@ _STEADY_HORIZON = 256
 @dataclass
 class SarathiLike:
     overflow: OverflowRule
-    chunk_size: int = 512
-    max_num_seqs: int = 256
-    watermark: float = 0.01
+    chunk_size: int = field(default=512, metadata=check(ge=1))
+    max_num_seqs: int = field(default=256, metadata=check(ge=1))
+    watermark: float = field(default=0.01, metadata=check(ge=0, lt=1))
     reserve_prompt: bool = False
-    block_size: int = 16
-    preemption: str = "recompute"
+    block_size: int = field(default=16, metadata=check(ge=1))
+    preemption: Literal["recompute", "restart"] = "recompute"
 
     def __post_init__(self) -> None:
         check_serving_limits(chunk_size=self.chunk_size, max_num_seqs=self.max_num_seqs,

@@ -23,15 +23,17 @@ Sorted-F's (:mod:`policies.common.planned`, shared lookahead check).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from policies.common.lookahead import admissible_prefix, remaining_iterations
 from policies.common.planned import PlannedQueue
 from replay.bounds.instance import Instance
-from replay.bounds.lp import LPBound, auto_grid, lp_bound
+from replay.bounds.lp import LP_MAX_NONZEROS, LPBound, auto_grid, lp_bound
 from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError, SolverError
+from replay.params import check
 
 METHODS = ("highs-ipm", "highs-ds", "highs")
 
@@ -39,26 +41,31 @@ METHODS = ("highs-ipm", "highs-ds", "highs")
 @dataclass
 class SortedLP:
     overflow: OverflowRule
-    grid: int | str = "auto"
-    max_columns: int = 50_000
-    max_nonzeros: int | None = None
-    method: str = "highs-ipm"
-    time_limit_s: float = 600.0
+    grid: int | Literal["auto"] = field(default="auto", metadata=check(ge=1))
+    max_columns: int = field(default=50_000, metadata=check(ge=1))
+    max_nonzeros: int | None = field(default=None, metadata=check(ge=1))
+    method: Literal["highs-ipm", "highs-ds", "highs"] = "highs-ipm"
+    time_limit_s: float = field(default=600.0, metadata=check(gt=0))
     queue: PlannedQueue = field(default_factory=PlannedQueue, init=False, repr=False)
     lp_runs: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"policy.method={self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.grid != "auto" and (int(self.grid) != self.grid or int(self.grid) < 1):
+        if self.grid != "auto" and (isinstance(self.grid, str) or int(self.grid) != self.grid
+                                    or int(self.grid) < 1):
             raise ConfigError(f"policy.grid={self.grid!r}: an integer >= 1 or auto")
 
     def solve_lp(self, s: np.ndarray, o: np.ndarray, kv_capacity: int) -> LPBound:
         inst = Instance(s, o, np.zeros(s.size, dtype=np.int64), kv_capacity)
         grid = (auto_grid(inst, self.max_columns, self.max_nonzeros) if self.grid == "auto"
                 else int(self.grid))
+        keys = ("use policy.grid=auto or a coarser policy.grid" if self.grid != "auto" else
+                "set policy.max_columns or policy.max_nonzeros lower")
         lp = lp_bound(inst, tail_cuts=False, grid=grid, method=self.method,
-                      time_limit_s=self.time_limit_s)
+                      time_limit_s=self.time_limit_s,
+                      max_nonzeros=max(LP_MAX_NONZEROS, self.max_nonzeros or 0),
+                      size_keys=f"{keys} (policy.max_nonzeros raises the limit)")
         self.lp_runs.append(lp.describe())
         if lp.status != "optimal":
             raise SolverError(f"policy {type(self).__name__}: the LP over {s.size} requests "

@@ -26,7 +26,8 @@ a prefill longer than ``max_num_batched_tokens`` is a configuration error
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from policies.common.serving import check_serving_limits, preempt_latest_until_f
 from replay.engine.paging import blocks
 from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
+from replay.params import check
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -41,11 +43,11 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 @dataclass
 class VLLMLike:
     overflow: OverflowRule
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 4096
-    watermark: float = 0.01
-    block_size: int = 16
-    preemption: str = "recompute"
+    max_num_seqs: int = field(default=256, metadata=check(ge=1))
+    max_num_batched_tokens: int = field(default=4096, metadata=check(ge=1))
+    watermark: float = field(default=0.01, metadata=check(ge=0, lt=1))
+    block_size: int = field(default=16, metadata=check(ge=1))
+    preemption: Literal["recompute", "restart"] = "recompute"
 
     def __post_init__(self) -> None:
         check_serving_limits(max_num_seqs=self.max_num_seqs,

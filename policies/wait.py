@@ -26,7 +26,7 @@ default; evicted requests restart at stage 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,21 +35,22 @@ from policies.common.staging import first_per_group
 from replay.engine.policy import Batch, OverflowRule, PolicyView
 from replay.errors import ConfigError
 from replay.fluid.model import TypeMix, condition_11, wait_thresholds
+from replay.params import RequestType, check
 
 
 @dataclass
 class Wait:
     overflow: OverflowRule
-    types: Sequence[Mapping] | None
+    types: Sequence[RequestType] | None
     thresholds: str = "fluid"
-    batch_limit: float | None = 512
-    n: Sequence[int] | None = None
-    max_wait: float | None = None
-    d0: float | None = None
-    d1: float | None = None
-    d2: float = 0.0
-    d3: float = 0.0
-    d4: float = 0.0
+    batch_limit: float | None = field(default=512, metadata=check(gt=0))
+    n: Sequence[int] | None = field(default=None, metadata=check(ge=1))
+    max_wait: float | None = field(default=None, metadata=check(gt=0))
+    d0: float | None = field(default=None, metadata=check(ge=0))
+    d1: float | None = field(default=None, metadata=check(ge=0))
+    d2: float = field(default=0.0, metadata=check(ge=0))
+    d3: float = field(default=0.0, metadata=check(ge=0))
+    d4: float = field(default=0.0, metadata=check(ge=0))
     per_stage: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

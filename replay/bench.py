@@ -40,14 +40,37 @@ SCENARIOS = {
 }
 
 
+def positive_int(text: str) -> int:
+    """``--n``, ``--repeat``: a whole number >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_rates(text: str) -> list[float]:
+    """``--rates``: a comma-separated list of finite numbers > 0."""
+    import math
+
+    try:
+        rates = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}") from None
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"every rate must be a finite number > 0: {text!r}")
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--n", type=positive_int, default=10_000)
     parser.add_argument("--policies", default="fcfs,mcsf,vllm,sarathi")
     parser.add_argument("--workload", default="lmsys_synthetic")
-    parser.add_argument("--rates", default="50,10")
+    parser.add_argument("--rates", type=positive_rates, default=[50.0, 10.0],
+                        help="comma-separated arrival rates > 0 (requests per second)")
     parser.add_argument("--timing", default="linear", help="timing backend: linear, vidur, unit")
-    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="best of this many runs")
     parser.add_argument("--scenarios", default=None,
                         help=f"named scenarios instead of the policy grid: "
                              f"{','.join(SCENARIOS)} (or 'all')")
@@ -67,19 +90,24 @@ def main() -> None:
             report(name, compose_config([*SCENARIOS[name], *args.overrides]), args.repeat)
         return
     for policy in args.policies.split(","):
-        for rate in args.rates.split(","):
-            report(f"{policy} {rate}/s", compose_config([
+        for rate in args.rates:
+            report(f"{policy} {rate:g}/s", compose_config([
                 f"workload={args.workload}", f"timing={args.timing}", f"policy={policy}",
                 "arrivals=poisson", f"arrivals.rate={rate}", f"workload.n={args.n}",
                 *args.overrides]), args.repeat)
 
 
 def report(label: str, cfg, repeat: int) -> None:
-    """Replay ``cfg`` ``repeat`` times and print the best wall time's line."""
+    """Replay ``cfg`` ``repeat`` times and print the best wall time's line (bad config
+    values are one ``error:`` line, as in every command)."""
+    from replay.cli import run_or_exit
+    from replay.validate import validate_config
+
+    run_or_exit(validate_config, cfg)
     best, fastest = float("inf"), None
     for _ in range(repeat):
         started = time.perf_counter()
-        result, requests, _ = build_and_run(cfg)
+        result, requests, _ = run_or_exit(build_and_run, cfg)
         wall = time.perf_counter() - started
         if wall < best:
             best, fastest = wall, result

@@ -299,14 +299,16 @@ def positive_int(text: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m replay.crosscheck",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=positive_int, default=1000, help="requests per case")
+    parser.add_argument("--n", type=positive_int, default=None,
+                        help="requests per case (default 1000, or 60 with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="60 requests per case and a small predictor grid (seconds)")
     parser.add_argument("--out", type=Path, default=Path("outputs/crosscheck"))
     parser.add_argument("--no-reserve-prompt", dest="reserve_prompt", action="store_false",
                         help="Sarathi-like reserves prompt KV chunk by chunk (its default)")
     args = parser.parse_args()
-    setup = Setup(n=60 if args.quick else args.n, quick=args.quick,
+    n = args.n if args.n is not None else (60 if args.quick else 1000)
+    setup = Setup(n=n, quick=args.quick,
                   reserve_prompt=args.reserve_prompt)
     speed = run_or_exit(crosscheck, setup, args.out)
     total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()

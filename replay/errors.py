@@ -17,3 +17,18 @@ class ConfigError(InputError, ValueError):
 class SolverError(InputError, RuntimeError):
     """An LP or MILP behind a policy's plan did not reach optimality (time limit or solver
     failure); the message names the status and the option that changes it."""
+
+
+class OutputError(InputError, OSError):
+    """A result file or folder that cannot be written (a file in the way, a read-only or
+    full disk, an impossible path). The message is ``cannot write PATH (reason)``; it is
+    also an ``OSError`` so that code that guards file operations still sees it."""
+
+    def __init__(self, path, reason: str) -> None:
+        super().__init__(f"cannot write {path} ({reason})")
+        self.path, self.reason = str(path), reason
+
+
+class LimitError(ConfigError):
+    """A config implies a size (requests, LP nonzeros, ...) beyond a limit: the message
+    names the estimate, the limit and the keys it follows from."""

@@ -9,32 +9,172 @@ resolved config, the hashes of its input files and its tables still match
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replay.data import file_record
+from replay.errors import OutputError
 
 #: The files a replay writes, besides the summary.
 TABLES = ("requests.parquet", "iterations.parquet")
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary)`` and rename the result onto ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _in_the_way(path: Path) -> Path | None:
+    """The first ancestor of ``path`` (or ``path``) that exists and is not a folder."""
+    for part in [*reversed(path.parents), path]:
+        if part.exists() and not part.is_dir():
+            return part
+        if not part.exists():
+            return None
+    return None
+
+
+def _reason(path: Path, exc: OSError) -> str:
+    """Why ``path`` cannot be written, in words, from the ``OSError`` that said so."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        blocker = _in_the_way(path)
+        if blocker is not None:
+            return f"a file is in the way: {blocker}"
+    words = exc.strerror or str(exc)
+    hints = {errno.ENOSPC: "; free space or choose another folder",
+             errno.EDQUOT: "; free space or choose another folder",
+             errno.EROFS: "; choose a writable folder",
+             errno.EACCES: "; choose a folder you can write to",
+             errno.EPERM: "; choose a folder you can write to"}
+    return f"{words}{f', {code}' if code else ''}{hints.get(exc.errno, '')}"
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; the folders created (outermost first)."""
+    missing = [p for p in [*reversed(folder.parents), folder] if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_folders(created: list[Path]) -> None:
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def ensure_writable_dir(folder: Path | str) -> Path:
+    """Create ``folder`` if needed and check that a file can be written in it.
+
+    Raises :class:`~replay.errors.OutputError` (``cannot write FOLDER (reason)``) and
+    leaves no folder or probe file behind when it cannot.
+    """
+    folder = Path(folder).expanduser()
+    created: list[Path] = []
+    probe = folder / f".kvsched-probe.{os.getpid()}"
     try:
+        created = _make_folder(folder)
+        with open(probe, "wb") as fh:
+            fh.write(b"probe")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        _remove_folders(created)
+        raise OutputError(folder, _reason(folder, exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+    return folder
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> dict:
+    """Call ``write(temporary)`` and rename the result onto ``path`` atomically.
+
+    Returns the record of what was written, ``{"path", "bytes", "sha256"}`` (taken from
+    the temporary file just before the rename; :func:`verify` checks a file against
+    it). A failure to write (a file in the way, a read-only or full disk) is an
+    :class:`~replay.errors.OutputError` naming ``path``; neither the temporary file nor
+    folders created for it are left behind, and an older ``path`` stays as it was.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    created: list[Path] = []
+    try:
+        created = _make_folder(path.parent)
         write(temporary)
         with open(temporary, "rb") as fh:
             os.fsync(fh.fileno())
+        record = {"path": str(path.resolve()), "bytes": temporary.stat().st_size,
+                  "sha256": _digest(temporary)}
         os.replace(temporary, path)
+    except OSError as exc:
+        if isinstance(exc, OutputError):
+            raise
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        _remove_folders(created)
+        raise OutputError(path, _reason(path, exc)) from None
     finally:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+    return record
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+def atomic_write_text(path: Path, text: str) -> dict:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def verify(path: Path | str, record: dict) -> bool:
+    """Whether the file at ``path`` is still what ``record`` (from :func:`atomic_write`)
+    says was written: same size (checked first: cheap, and catches truncation), then same
+    SHA-256 (cached by path, modification time and size)."""
+    return mismatch(path, record) is None
+
+
+def mismatch(path: Path | str, record: dict) -> str | None:
+    """Why the file at ``path`` does not match ``record`` (``None``: it does)."""
+    path = Path(path)
+    if not path.is_file():
+        return "is missing"
+    size = path.stat().st_size
+    if record.get("bytes") != size:
+        return f"has {size} bytes, {record.get('bytes')} were written"
+    if file_record(path)["sha256"] != record.get("sha256"):
+        return "changed since it was written (sha256 differs)"
+    return None
+
+
+def summary_json(summary: dict, **dumps) -> str:
+    """``summary`` as strict JSON: a non-finite number (``inf``, ``nan``) becomes ``null``,
+    and the summary's ``non_finite`` record says which key held what (``"inf"``), so
+    strict parsers (DuckDB, JavaScript) read every summary."""
+    found: dict[str, str] = {}
+
+    def clean(value, key: str):
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, float) and not math.isfinite(value):
+            found[key] = str(value)
+            return None
+        return value
+
+    cleaned = clean(summary, "")
+    if found:
+        cleaned["non_finite"] = {**cleaned.get("non_finite", {}), **found}
+    return json.dumps(cleaned, allow_nan=False, **{"indent": 1, "default": str, **dumps})
 
 
 def read_summary(path: Path) -> dict | None:
@@ -87,9 +227,16 @@ def stale_reason(out_dir: Path, resolved: dict, tables: Sequence[str]) -> str | 
     changed = changed_inputs(summary.get("input_files", []))
     if changed:
         return "input files changed: " + "; ".join(changed)
-    missing = [name for name in tables if not (out_dir / name).is_file()]
-    if missing:
-        return f"its {', '.join(missing)} is missing"
+    records = summary.get("output_files")
+    if not isinstance(records, dict):
+        return ("its summary.json records no sizes and hashes of its tables (written by an "
+                "older version), so they cannot be verified")
+    for name in tables:
+        if name not in records:
+            return f"its {name} was not written"
+        wrong = mismatch(out_dir / name, records[name])
+        if wrong:
+            return f"its {name} {wrong}"
     return None
 
 

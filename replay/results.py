@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -86,8 +87,26 @@ def table_of(folders: list[Path]) -> tuple[pd.DataFrame, int]:
     if not rows:
         raise InputError(f"no run summaries under {', '.join(map(str, folders))}")
     table = pd.DataFrame(rows)
-    # Mixed-type columns (a config value that is a number in one run, text in another)
-    # become text, so that Parquet has one type per column.
+    # A metric (a column outside the config) keeps its type: a run whose value is of another
+    # kind (text where the others have numbers) is left out with a warning, not turned into
+    # text for every run. Mixed-type config columns (a value that is a number in one run,
+    # text in another) become text, so that Parquet has one type per column.
+    refused = set()
+    for column in table.columns:
+        if column.startswith("config.") or column in ("run_dir", "status", "message"):
+            continue
+        values = table[column].dropna()
+        numeric = values.map(lambda v: isinstance(v, int | float) and not isinstance(v, bool))
+        if numeric.any() and not numeric.all():
+            for i in values.index[~numeric]:
+                print(f"warning: {table.at[i, 'run_dir']}/summary.json: {column} = "
+                      f"{table.at[i, column]!r} is not a number; run left out of the table",
+                      file=sys.stderr)
+                refused.add(i)
+    if refused:
+        table = table.drop(index=sorted(refused)).reset_index(drop=True).infer_objects()
+    if table.empty:
+        raise InputError(f"no usable run summaries under {', '.join(map(str, folders))}")
     for column in table.columns:
         kinds = set(table[column].dropna().map(type))
         if len(kinds) > 1 and kinds != {int, float}:
@@ -142,10 +161,20 @@ def query(sql: str, table: Path) -> pd.DataFrame:
     if not table.is_file():
         raise InputError(f"{table}: no results table; run `python -m replay.results collect "
                          f"DIR...` first")
+    if not sql.strip():
+        raise InputError('query: the SQL is empty; e.g. "SELECT count(*) FROM runs"')
     with duckdb.connect() as con:
-        con.read_parquet(str(table)).create_view("runs")
         try:
-            return con.execute(sql).df()
+            con.read_parquet(str(table)).create_view("runs")
+        except duckdb.Error as exc:
+            reason = " ".join(str(exc).split())
+            raise InputError(f"{table}: not a readable results table ({reason}); rebuild it "
+                             f"with `python -m replay.results collect`") from None
+        try:
+            result = con.execute(sql)
+            if result.description is None:
+                raise InputError("query returned no result set (a statement, not a query?)")
+            return result.df()
         except duckdb.Error as exc:
             raise InputError(f"query failed: {exc}".replace("\n", " ")) from None
 

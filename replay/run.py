@@ -8,7 +8,6 @@ versions) is written next to it.
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import time
@@ -24,9 +23,16 @@ from replay.config import register_resolvers
 from replay.engine.loop import Engine, RunResult
 from replay.engine.metrics import summarize
 from replay.engine.requests import RequestError, Requests
-from replay.errors import ConfigError
+from replay.errors import ConfigError, LimitError
 from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stability_boundary
-from replay.outputs import TABLES, atomic_write, atomic_write_text, read_summary, stale_reason
+from replay.outputs import (
+    TABLES,
+    atomic_write,
+    atomic_write_text,
+    read_summary,
+    stale_reason,
+    summary_json,
+)
 from replay.workloads.prediction import error_summary, predict
 
 log = logging.getLogger(__name__)
@@ -46,17 +52,48 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+#: The most requests one replay may draw (each costs a few hundred bytes through the run and
+#: its tables); ``+limits.max_requests=N`` raises it.
+MAX_REQUESTS = 20_000_000
+
+
+def expected_requests(workload, arrivals) -> tuple[float, str] | None:
+    """How many requests a run will draw, estimated from the config alone, and the keys
+    that set it (``None``: the count is a file's rows, already in memory)."""
+    if getattr(arrivals, "sets_count", False) and hasattr(arrivals, "expected_requests"):
+        return arrivals.expected_requests()
+    if hasattr(workload, "expected_requests"):
+        return workload.expected_requests()
+    n = getattr(workload, "n", None)
+    return (float(n), "workload.n") if isinstance(n, int | float) else None
+
+
+def guard_requests(workload, arrivals, limit: float = MAX_REQUESTS) -> None:
+    """Refuse a run whose estimated request count is beyond ``limit``, before drawing it."""
+    estimate = expected_requests(workload, arrivals)
+    if estimate is None:
+        return
+    count, keys = estimate
+    if not count <= limit:  # also NaN
+        raise LimitError(f"this run would draw ~{count:.3g} requests (limit {limit:.3g}); it "
+                         f"follows from {keys}: lower it (or raise +limits.max_requests=N)")
+
+
 def make_requests(workload, arrivals, seed: int, time_unit: str,
-                  workload_seed: int | None = None) -> Requests:
+                  workload_seed: int | None = None,
+                  max_requests: float = MAX_REQUESTS) -> Requests:
     """Draw the request lengths and their arrival times from independent seeded streams.
 
     The lengths come from ``workload_seed`` when given (``None``: ``seed``), so that a
     study can keep one request set and re-draw only the arrivals (EXPERIMENTS.md A4).
+    The expected number of requests is checked against ``max_requests`` first
+    (:func:`guard_requests`), so an absurd rate or ``n`` is an error, not an allocation.
     """
     if getattr(workload, "defines_arrivals", False) and not getattr(
             arrivals, "replays_workload_times", False):
         raise ConfigError(f"workload {workload.name} generates its own arrival times (Poisson "
                           f"per type); run it with arrivals=trace")
+    guard_requests(workload, arrivals, max_requests)
     length_stream, arrival_stream = np.random.SeedSequence([seed, 0xA7]).spawn(2)
     if workload_seed is not None:
         length_stream = np.random.SeedSequence([workload_seed, 0xA7]).spawn(2)[0]
@@ -110,8 +147,10 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
     workload = instantiate(cfg.workload)
+    limits = cfg.get("limits") or {}
     requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit,
-                             cfg.get("workload_seed"))
+                             cfg.get("workload_seed"),
+                             limits.get("max_requests", MAX_REQUESTS))
     requests = with_predictions(requests, instantiate(cfg.prediction), kv.tokens, cfg.seed)
     policy = instantiate(cfg.policy, **known_types(cfg, workload))
     engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
@@ -178,13 +217,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     })
     (out_dir / "summary.json").unlink(missing_ok=True)
     frames = {"requests.parquet": result.requests, "iterations.parquet": result.iterations}
+    written = {}
     for name in TABLES:
         if name in tables:
-            atomic_write(out_dir / name,
-                         lambda tmp, frame=frames[name]: frame.to_parquet(tmp, index=False))
+            record = atomic_write(out_dir / name, lambda tmp, frame=frames[name]:
+                                  frame.to_parquet(tmp, index=False))
+            written[name] = {"bytes": record["bytes"], "sha256": record["sha256"]}
         else:
             (out_dir / name).unlink(missing_ok=True)
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    # The summary, written last, is the manifest: a resume reuses this run only while every
+    # table still has the size and SHA-256 recorded here (replay.outputs.stale_reason).
+    summary["output_files"] = written
+    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     if result.status != "completed":
         log.warning("run ended with status %s: %s", result.status, result.message)
     return summary

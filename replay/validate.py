@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from replay import params
 from replay.errors import ConfigError
 
 
@@ -55,6 +56,7 @@ RULES = (
     Rule("kv.tokens", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("workload.n", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1 or null",
          optional=True),
+    Rule("limits.max_requests", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("batch_limit", (int, float), lambda v: not isinstance(v, bool) and v > 0,
          "a number > 0"),
 )
@@ -111,11 +113,80 @@ def check_value(key: str, value) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: it must be {rule.says}")
 
 
+#: The config nodes that name a component (``_target_``), checked against its declaration.
+COMPONENTS = ("kv", "timing", "workload", "arrivals", "prediction", "policy")
+
+
+def _import(dotted: str):
+    """The object a ``_target_`` names (``package.module.Name`` or ``module.Class.method``)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ModuleNotFoundError(f"no module in {dotted!r}")
+
+
+def _target(key: str, node: dict):
+    try:
+        return _import(node["_target_"])
+    except Exception as exc:  # noqa: BLE001 - any import failure is a wrong _target_
+        raise ConfigError(f"{key}._target_={node['_target_']!r} cannot be imported "
+                          f"({type(exc).__name__}: {exc})") from None
+
+
+def check_components(resolved: dict, keys=COMPONENTS) -> None:
+    """Check every component node (and every node with a ``_target_`` inside one) against
+    the parameters its class or function declares (:func:`replay.params.check_params`):
+    unknown keys, types, finiteness and ranges, before anything is built."""
+
+    def visit(key: str, node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("_target_"), str):
+                params.check_params(_target(key, node), node, key)
+            for k, v in node.items():
+                visit(f"{key}.{k}", v)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                visit(f"{key}[{i}]", v)
+
+    for key in keys:
+        node = resolved.get(key)
+        if isinstance(node, dict) and "_target_" in node:
+            visit(key, node)
+
+
+def check_block_size(cfg: DictConfig, resolved: dict) -> None:
+    """``kv.block_size`` must leave at least one whole block of KV (else the capacity
+    rounds down to 0 and the error would not name the block size)."""
+    block = _lookup(resolved, "kv.block_size")
+    if not isinstance(block, int) or block <= 1 or "_target_" not in resolved.get("kv", {}):
+        return
+    try:
+        args = {k: cfg.kv[k] for k in cfg.kv if k not in params.HYDRA_KEYS}
+        tokens = _import(resolved["kv"]["_target_"])(**{**args, "block_size": 1}).tokens
+    except Exception:  # noqa: BLE001 - the build reports its own error later
+        return
+    if block > tokens:
+        raise ConfigError(f"kv.block_size={block} is larger than the KV capacity ({tokens} token "
+                          f"slots): not one block fits; use a smaller block size (policy."
+                          f"block_size sets it for vllm and sarathi)")
+
+
 def validate_config(cfg: DictConfig) -> dict:
-    """The resolved config, after checking every rule; raises ConfigError otherwise."""
+    """The resolved config, after checking every rule and every component's declared
+    parameters; raises ConfigError otherwise."""
     resolved = _resolve(cfg)
     for rule in RULES:
         value = _lookup(resolved, rule.key)
         if value is not _ABSENT:
             check_value(rule.key, value)
+    check_components(resolved)
+    check_block_size(cfg, resolved)
     return resolved

@@ -99,7 +99,14 @@ def load_records(dataset: str, split: str, limit: int | None,
     except ImportError as exc:
         raise SystemExit('traces.build needs the data extra: pip install -e ".[data]"') from exc
     if from_disk is not None:
-        loaded = datasets.load_from_disk(str(from_disk))
+        if not from_disk.is_dir():
+            raise InputError(f"--from-disk {from_disk}: not a folder (give a folder written by "
+                             f"Dataset.save_to_disk)")
+        try:
+            loaded = datasets.load_from_disk(str(from_disk))
+        except (FileNotFoundError, ValueError, OSError) as exc:
+            raise InputError(f"--from-disk {from_disk}: not a saved datasets folder "
+                             f"({' '.join(str(exc).split())})") from None
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
                 raise InputError(f"{from_disk}: no split {split!r} (has {sorted(loaded)})")

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
         del args[at:at + 2]
     overrides = [a for a in args if a != "--markdown"]
     cfg = compose_or_exit(overrides)
+    from replay.validate import validate_config
+
+    run_or_exit(validate_config, cfg)
     requests = run_or_exit(workload_requests, cfg)
     frame = length_stats(requests)
     print(f"workload: {cfg.workload.get('name', '?')}  source: {requests.source}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -12,6 +14,16 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from replay.bounds.instance import Instance, disjoint_tails, latest_starts, tel_constant
+from replay.errors import LimitError
+
+log = logging.getLogger(__name__)
+
+#: The most memory-matrix nonzeros one LP may have (~60 bytes each across SciPy and HiGHS,
+#: so about 2 GB); a larger LP is refused before it is built, naming the estimate.
+LP_MAX_NONZEROS = 30_000_000
+#: An LP of at least this many nonzeros, or a solve longer than LOG_AFTER_S, is logged.
+LOG_NONZEROS = 2_000_000
+LOG_AFTER_S = 10.0
 
 
 # ------------------------------------------------------- time-indexed matrix
@@ -150,6 +162,159 @@ def auto_grid(inst: Instance, max_columns: int, max_nonzeros: int | None = None)
     return grid
 
 
+def lp_size(inst: Instance, window: np.ndarray, grid: int = 1) -> tuple[int, int]:
+    """``(columns, nonzeros)`` of the LP :func:`time_indexed` (``grid = 1``) or
+    :func:`bucketed` builds for ``window``, computed from the lengths alone (nothing of
+    that size is allocated): the memory rows' entries plus one per column in the
+    assignment rows."""
+    a, o = inst.arrival.astype(np.int64), inst.output_len.astype(np.int64)
+    if grid == 1:
+        width = window.astype(np.int64) - a + 1
+        per_column = o
+    else:
+        width = window.astype(np.int64) // grid - a // grid + 1
+        per_column = (o + 2 * grid - 2) // grid
+    columns = int(width.sum())
+    return columns, int((width * per_column).sum()) + columns
+
+
+def first_window(inst: Instance, upper_bound_tel: int | None = None) -> np.ndarray:
+    """The last start round per request of the first LP: the memory-area horizon."""
+    a, o = inst.arrival, inst.output_len
+    latest = latest_starts(inst, upper_bound_tel)
+    return np.maximum(a, np.minimum(latest, int(a.max()) + area_rounds(inst) + int(o.max())))
+
+
+def check_lp_size(inst: Instance, window: np.ndarray, grid: int, limit: int | None,
+                  keys: str) -> tuple[int, int]:
+    """``lp_size``, after refusing an LP above ``limit`` nonzeros (:class:`LimitError` naming
+    the estimate, the limit and ``keys``, the options that change it)."""
+    columns, nonzeros = lp_size(inst, window, grid)
+    limit = LP_MAX_NONZEROS if limit is None else limit
+    if nonzeros > limit:
+        raise LimitError(f"an LP over {len(inst)} requests at grid {grid} would have "
+                         f"~{nonzeros:.3g} nonzeros ({columns:,} columns, "
+                         f"~{nonzeros * 60 / 1e9:.1f} GB; limit {limit:.3g}); {keys}")
+    return columns, nonzeros
+
+
+# ----------------------------------------------------- interruptible HiGHS solves
+_SIMPLEX_INTERRUPT, _IPM_INTERRUPT = 1, 2  # HiGHS callback types (kCallback*Interrupt)
+
+
+class _Interrupt:
+    """Ends a HiGHS solve at a deadline and logs progress of long solves.
+
+    SciPy's ``linprog`` runs HiGHS in C++, where SciPy's time limit is not checked by the
+    interior point method. While active, SciPy's HiGHS object gets an interrupt callback
+    that stops the solve at the deadline (the solve and its result are otherwise
+    unchanged). HiGHS also stops at a callback point on Ctrl-C; for large LPs, whose
+    first callback can be many seconds away, see :func:`_solve_in_worker`.
+    """
+
+    def __init__(self, deadline: float, label: str) -> None:
+        self.deadline, self.label = deadline, label
+        self.started = self.last_log = time.perf_counter()
+        self.timed_out = False
+
+    def callback(self, kind, message, data_out, data_in, user_data) -> None:
+        now = time.perf_counter()
+        if now >= self.deadline:
+            self.timed_out = True
+        if self.timed_out:
+            data_in.user_interrupt = True
+        if now - self.last_log >= LOG_AFTER_S:
+            self.last_log = now
+            log.info("%s: still solving after %.0f s", self.label, now - self.started)
+
+
+    @contextlib.contextmanager
+    def active(self):
+        try:
+            import scipy.optimize._highspy._highs_wrapper as wrapper
+
+            core = wrapper._h
+            core._Highs().setCallback  # noqa: B018 - this SciPy's HiGHS has callbacks
+        except (ImportError, AttributeError):
+            yield  # an unknown SciPy: its own time limit only
+            return
+        owner = self
+
+        class Proxy:
+            def __getattr__(self, name):
+                return getattr(core, name)
+
+            @staticmethod
+            def _Highs():  # noqa: N802 - the name SciPy calls
+                highs = core._Highs()
+                highs.setCallback(owner.callback, None)
+                highs.startCallbackInt(_SIMPLEX_INTERRUPT)
+                highs.startCallbackInt(_IPM_INTERRUPT)
+                return highs
+
+        wrapper._h = Proxy()
+        try:
+            yield
+        finally:
+            wrapper._h = core
+
+
+def _solve_here(deadline: float, label: str, **problem):
+    """``linprog(**problem)`` in this process, ended by the deadline inside HiGHS."""
+    interrupt = _Interrupt(deadline, label)
+    with interrupt.active():
+        result = linprog(**problem)
+    return result, interrupt.timed_out
+
+
+def _child(connection, deadline_in_s: float, label: str, problem: dict) -> None:
+    """A worker's solve (:func:`_solve_in_worker`): the result's fields lp_bound reads."""
+    result, timed_out = _solve_here(time.perf_counter() + deadline_in_s, label, **problem)
+    fields = {"status": result.status, "message": result.message, "x": result.get("x"),
+              "fun": result.get("fun"),
+              "ineqlin": {"marginals": result.ineqlin.marginals} if result.status == 0 else None,
+              "eqlin": {"marginals": result.eqlin.marginals} if result.status == 0 else None}
+    connection.send((fields, timed_out))
+    connection.close()
+
+
+def _solve_in_worker(deadline: float, label: str, **problem):
+    """``linprog(**problem)`` in a spawned worker process that this process stops at the
+    deadline (plus a grace second) or on Ctrl-C, whatever phase HiGHS is in: HiGHS holds
+    the GIL and handles SIGINT itself only at its own checks, which a large LP reaches
+    only after many seconds (presolve, the interior point's start). The same SciPy and
+    HiGHS solve the same LP, so the result is the one an in-process solve gives."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_child, daemon=True,
+                             args=(send, deadline - time.perf_counter(), label, problem))
+    worker.start()
+    send.close()
+    try:
+        while not receive.poll(0.1):
+            if not worker.is_alive():
+                raise RuntimeError(f"{label}: the LP worker died (exit code "
+                                   f"{worker.exitcode}; out of memory?)")
+            if time.perf_counter() > deadline + 1.0:
+                return SimpleNamespace(status=1, message="time limit (worker stopped)"), True
+        fields, timed_out = receive.recv()
+    finally:
+        if worker.is_alive():
+            worker.kill()
+        worker.join()
+    for name in ("ineqlin", "eqlin"):
+        if fields[name] is not None:
+            fields[name] = SimpleNamespace(**fields[name])
+    return SimpleNamespace(**fields), timed_out
+
+
+#: LPs of at least this many nonzeros are solved in a worker process (stoppable at once).
+WORKER_NONZEROS = 2_000_000
+
+
 def area_rounds(inst: Instance) -> int:
     """``ceil(sum_i o_i (s_i + (o_i + 1) / 2) / M)``: rounds the KV area needs at full M."""
     s, o = inst.prompt_len, inst.output_len
@@ -255,7 +420,8 @@ def _most_violated(excess: list[np.ndarray], limit: int, first_round: int) -> li
 
 def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: float = 60.0,
              max_rounds: int = 40, tail_cuts: bool = True, max_new_cuts: int = 300,
-             grid: int = 1, method: str = "highs-ipm") -> LPBound:
+             grid: int = 1, method: str = "highs-ipm", max_nonzeros: int | None = None,
+             size_keys: str = "coarsen the grid or solve fewer requests") -> LPBound:
     """The LP relaxation of the time-indexed program, solved by column generation,
     strengthened by tail cuts when ``tail_cuts``.
 
@@ -278,15 +444,20 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
     is SciPy's HiGHS method (``highs-ipm``: interior point with crossover;
     ``highs-ds``: dual simplex; ``highs``: HiGHS chooses); the LP often has several
     optima, so the method is part of a Sorted-LP result and is recorded with it.
+
+    Every LP is sized before it is built (:func:`check_lp_size`: above ``max_nonzeros``,
+    default :data:`LP_MAX_NONZEROS`, a :class:`~replay.errors.LimitError` naming
+    ``size_keys``), ``time_limit_s`` is enforced inside HiGHS (interior point too) and
+    Ctrl-C ends a solve within a moment (:class:`_Interrupt`); large or slow solves log.
     """
     started = time.perf_counter()
     if grid > 1 and tail_cuts:
         raise ValueError("lp_bound: tail cuts are defined on the fine grid only (grid=1)")
     if len(inst) == 0:
         return LPBound("optimal", 0.0, 0.0, np.zeros(0), 0, 0, 0.0, method=method, grid=grid)
-    a, o = inst.arrival, inst.output_len
+    a = inst.arrival
     latest = latest_starts(inst, upper_bound_tel)
-    window = np.maximum(a, np.minimum(latest, int(a.max()) + area_rounds(inst) + int(o.max())))
+    window = first_window(inst, upper_bound_tel)
     families = disjoint_tails(inst) if tail_cuts else []
     patterns = bucket_patterns(inst, grid) if grid > 1 else None
     cut_rounds = [np.zeros(0, dtype=np.int64) for _ in families]  # per family, absolute rounds
@@ -296,19 +467,31 @@ def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: f
         remaining = time_limit_s - (time.perf_counter() - started)
         if remaining <= 0:
             break
+        columns, nonzeros = check_lp_size(inst, window, grid, max_nonzeros, size_keys)
+        label = (f"LP over {len(inst)} requests (grid {grid}, {columns:,} columns, "
+                 f"{nonzeros:,} nonzeros)")
+        if nonzeros >= LOG_NONZEROS:
+            log.info("%s: building and solving (%s, time limit %.0f s)", label, method, remaining)
         model = (time_indexed(inst, window) if grid == 1
                  else bucketed(inst, window, grid, patterns))
         tails = [tail_rows(inst, model, members, heads) for members, heads in families]
         cut_rows = [t[r - model.first_round] for t, r in zip(tails, cut_rounds, strict=True)]
         n_cuts = sum(r.size for r in cut_rounds)
-        result = linprog(
+        solve = _solve_in_worker if nonzeros >= WORKER_NONZEROS else _solve_here
+        solve_started = time.perf_counter()
+        result, timed_out = solve(
+            started + time_limit_s, label,
             c=model.start.astype(float), A_ub=sparse.vstack([model.memory, *cut_rows]),
             b_ub=np.concatenate([np.full(model.n_rounds, inst.kv_capacity), np.ones(n_cuts)]),
             A_eq=model.assign, b_eq=np.ones(len(inst)), bounds=(0, 1), method=method,
             options={"time_limit": float(remaining)})
+        if time.perf_counter() - solve_started >= LOG_AFTER_S:
+            log.info("%s: solve ended after %.1f s (%s)", label,
+                     time.perf_counter() - solve_started, result.message)
         if result.status != 0:
-            status = "time_limit" if result.status == 1 else "error"
-            message = result.message
+            status = "time_limit" if result.status == 1 or timed_out else "error"
+            message = (f"time limit of {time_limit_s:g} s reached inside HiGHS"
+                       if timed_out else result.message)
             break
         duals = np.maximum(-result.ineqlin.marginals, 0.0)
         multiplier = duals[: model.n_rounds]

@@ -8,11 +8,12 @@ plain class instantiated by Hydra from ``configs/arrivals/*.yaml``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from replay.errors import InputError
+from replay.params import check
 
 
 class ArrivalError(InputError, ValueError):
@@ -23,7 +24,7 @@ class ArrivalError(InputError, ValueError):
 class AllAtOnce:
     """Every request arrives at time ``at`` (0 by default): the offline backlog."""
 
-    at: float = 0.0
+    at: float = field(default=0.0, metadata=check(ge=0))
     sets_count = False
 
     def sample(self, rng: np.random.Generator, n: int, trace_arrival=None) -> np.ndarray:
@@ -34,7 +35,7 @@ class AllAtOnce:
 class Poisson:
     """Poisson process with ``rate`` requests per second, first arrival after one gap."""
 
-    rate: float
+    rate: float = field(metadata=check(gt=0))
     sets_count = False
 
     def __post_init__(self) -> None:
@@ -54,8 +55,8 @@ class PiecewisePoisson:
     rate applies forever. Sampled exactly by inverting the cumulative intensity.
     """
 
-    rates: Sequence[float]
-    boundaries: Sequence[float] = ()
+    rates: Sequence[float] = field(metadata=check(gt=0))
+    boundaries: Sequence[float] = field(default=(), metadata=check(ge=0))
     sets_count = False
 
     def __post_init__(self) -> None:
@@ -84,14 +85,18 @@ class PoissonRounds:
     that many), as in experiment A2.
     """
 
-    rate: float
-    horizon: int
+    rate: float = field(metadata=check(gt=0))
+    horizon: int = field(metadata=check(ge=1))
     sets_count = True
 
     def __post_init__(self) -> None:
         if not self.rate > 0 or self.horizon < 1:
             raise ArrivalError(f"arrivals: need rate > 0 and horizon >= 1, got rate="
                                f"{self.rate}, horizon={self.horizon}")
+
+    def expected_requests(self) -> tuple[float, str]:
+        """The mean number of arrivals, and the keys that set it."""
+        return self.rate * self.horizon, "arrivals.rate x arrivals.horizon"
 
     def sample(self, rng: np.random.Generator, n: int | None = None,
                trace_arrival=None) -> np.ndarray:
@@ -103,7 +108,7 @@ class PoissonRounds:
 class TraceTimestamps:
     """Replay the trace's own timestamps, shifted to start at 0 and divided by ``speedup``."""
 
-    speedup: float = 1.0
+    speedup: float = field(default=1.0, metadata=check(gt=0))
     sets_count = False
     replays_workload_times = True
 

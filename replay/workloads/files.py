@@ -6,14 +6,15 @@ and field named, or dropped and counted when the workload's options say so.
 
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from replay.data import file_record, require_file
 from replay.engine.requests import RequestError, Requests
+from replay.params import check
 
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
 
@@ -51,8 +52,10 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
     p = require_file(path, "workload trace")
     try:
         header = pd.read_csv(p, nrows=0, dtype=str).columns
-        with open(p, newline="") as fh:
-            names = next(csv.reader(fh), [])
+        # The raw header (pandas would rename a repeated column), read by pandas too so that
+        # a compressed trace (.csv.gz, .zip, ...) is decompressed the same way.
+        first = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
+        names = first.iloc[0].tolist() if len(first) else []
     except (*_CSV_ERRORS, OSError) as exc:
         raise RequestError(f"{p}: not a readable CSV ({exc})") from exc
     repeated = sorted({name for name in names if names.count(name) > 1})
@@ -158,14 +161,14 @@ class CsvTrace:
     prompt_column: str
     output_column: str
     arrival_column: str | None = None
-    n: int | None = None
+    n: int | None = field(default=None, metadata=check(ge=1))
     replace: bool = False
-    first_rows: int | None = None
+    first_rows: int | None = field(default=None, metadata=check(ge=1))
     drop_nonpositive: bool = False
-    max_prompt_len: int | None = None
-    max_output_len: int | None = None
-    max_total_len: int | None = None
-    over_cap: str = "drop"
+    max_prompt_len: int | None = field(default=None, metadata=check(ge=1))
+    max_output_len: int | None = field(default=None, metadata=check(ge=1))
+    max_total_len: int | None = field(default=None, metadata=check(ge=2))
+    over_cap: Literal["drop", "clip"] = "drop"
     length_unit: str = "tokens"
     name: str = "trace"
 

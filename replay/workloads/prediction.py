@@ -22,11 +22,17 @@ seeded stream, so switching predictors leaves lengths and arrivals unchanged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from replay.errors import ConfigError
+from replay.params import check
+
+#: The largest ``prediction.sigma``: ``exp(4 sigma)`` is already a factor of 2e17.
+MAX_SIGMA = 10.0
+#: Predicted lengths are clipped to this (as trace lengths are refused above it).
+MAX_PREDICTED = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class Exact:
 
 @dataclass(frozen=True)
 class Ratio:
-    alpha: float
+    alpha: float = field(metadata=check(gt=0, le=1))
     name: str = "ratio"
 
     def __post_init__(self) -> None:
@@ -55,22 +61,28 @@ class Ratio:
 
 @dataclass(frozen=True)
 class Noisy:
-    sigma: float
+    sigma: float = field(metadata=check(ge=0, le=MAX_SIGMA))
     name: str = "noisy"
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.sigma) and self.sigma >= 0):
-            raise ConfigError(f"prediction.sigma={self.sigma}: must be a finite number >= 0")
+        if not (math.isfinite(self.sigma) and 0 <= self.sigma <= MAX_SIGMA):
+            raise ConfigError(f"prediction.sigma={self.sigma}: must be a finite number in "
+                              f"[0, {MAX_SIGMA:g}]")
 
     def interval(self, o, rng):
-        point = np.maximum(1, np.rint(o * np.exp(rng.normal(0.0, self.sigma, size=o.size))))
+        # The factor is capped where the point would pass MAX_PREDICTED (never for sane
+        # sigma: the values below the cap are computed exactly as before), so exp cannot
+        # overflow and the cast to int64 cannot wrap.
+        z = np.minimum(rng.normal(0.0, self.sigma, size=o.size),
+                       np.log(MAX_PREDICTED / np.maximum(o, 1)))
+        point = np.maximum(1, np.rint(o * np.exp(z)))
         point = point.astype(np.int64)
         return point, point.copy()
 
 
 @dataclass(frozen=True)
 class Bucketed:
-    width: int
+    width: int = field(metadata=check(ge=1))
     name: str = "bucketed"
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ distributions, and lognormals fitted to a trace's published median and mean).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -12,6 +12,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from replay.engine.requests import RequestError, Requests
+from replay.params import check
 
 
 def _ceil_clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
@@ -38,13 +39,13 @@ class Synthetic:
       capacity ``kv_tokens``: ``s ~ U{1..prompt_max}``, ``o ~ U{1..kv_tokens - s}``.
     """
 
-    n: int | None = None
+    n: int | None = field(default=None, metadata=check(ge=1))
     distribution: str = "uniform"
-    prompt_min: int = 1
-    prompt_max: int = 50
-    output_min: int = 1
-    output_max: int = 50
-    kv_tokens: int | None = None
+    prompt_min: int = field(default=1, metadata=check(ge=1))
+    prompt_max: int = field(default=50, metadata=check(ge=1))
+    output_min: int = field(default=1, metadata=check(ge=1))
+    output_max: int = field(default=50, metadata=check(ge=1))
+    kv_tokens: int | None = field(default=None, metadata=check(ge=1))
     name: str = "synthetic"
 
     DISTRIBUTIONS = ("uniform", "normal", "binomial", "exponential", "mixed", "a1")
@@ -132,13 +133,13 @@ class FittedLognormal:
     of real conversations (here none), are assumptions.
     """
 
-    prompt_median: float
-    prompt_mean: float
-    output_median: float
-    output_mean: float
-    prompt_max: int = 2048
-    output_max: int = 2048
-    n: int | None = None
+    prompt_median: float = field(metadata=check(gt=1))
+    prompt_mean: float = field(metadata=check(gt=1))
+    output_median: float = field(metadata=check(gt=1))
+    output_mean: float = field(metadata=check(gt=1))
+    prompt_max: int = field(default=2048, metadata=check(ge=1))
+    output_max: int = field(default=2048, metadata=check(ge=1))
+    n: int | None = field(default=None, metadata=check(ge=1))
     length_unit: str = "tokens"
     name: str = "fitted_lognormal"
 

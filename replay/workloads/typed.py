@@ -4,8 +4,9 @@ paper's setting), and the clustering of a trace's outputs into such types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ import pandas as pd
 from replay.engine.requests import RequestError, Requests
 from replay.errors import ConfigError
 from replay.fluid.model import TypeMix, stability_boundary
+from replay.params import RequestType, check
 
 
 @dataclass(frozen=True)
@@ -33,15 +35,15 @@ class Typed:
     of the linear timing model ``d1 .. d4``).
     """
 
-    types: Sequence[Mapping]
-    duration_s: float
-    time_unit: str = "seconds"
-    total_rate: float | None = None
-    load: float | None = None
-    d1: float | None = None
-    d2: float = 0.0
-    d3: float = 0.0
-    d4: float = 0.0
+    types: Sequence[RequestType]
+    duration_s: float = field(metadata=check(gt=0))
+    time_unit: Literal["seconds", "rounds"] = "seconds"
+    total_rate: float | None = field(default=None, metadata=check(gt=0))
+    load: float | None = field(default=None, metadata=check(gt=0))
+    d1: float | None = field(default=None, metadata=check(ge=0))
+    d2: float = field(default=0.0, metadata=check(ge=0))
+    d3: float = field(default=0.0, metadata=check(ge=0))
+    d4: float = field(default=0.0, metadata=check(ge=0))
     name: str = "typed"
 
     #: The arrival times come from the workload: ``arrivals=trace`` replays them.
@@ -69,6 +71,13 @@ class Typed:
         if self.time_unit not in ("seconds", "rounds"):
             raise ConfigError(f"workload.time_unit must be seconds or rounds, "
                               f"got {self.time_unit!r}")
+
+    def expected_requests(self) -> tuple[float, str]:
+        """How many requests :meth:`sample` draws on average, and the keys that set it (a
+        cheap estimate, checked before anything that size is allocated)."""
+        total = sum(float(t["rate"]) for t in self.types)
+        periods = int(self.duration_s) if self.time_unit == "rounds" else self.duration_s
+        return total * periods, "workload.types[*].rate x workload.duration_s"
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
         if n is not None:

@@ -17,7 +17,6 @@ triples already there (rows written before the requeue column existed count as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from replay.engine.metrics import summarize  # noqa: E402
 from replay.errors import InputError  # noqa: E402
 from replay.experiments.plots.common import plot_kv_timelines, save_figure  # noqa: E402
-from replay.outputs import append_row, atomic_write_text, drop_partial_last_row  # noqa: E402
+from replay.outputs import append_row, atomic_write_text, drop_partial_last_row, summary_json  # noqa: E402
 from replay.run import build_and_run  # noqa: E402
 
 COLUMNS = ["requeue", "rate", "alpha", "status", "n_completed", "n_requests", "mean_latency",
@@ -125,5 +124,5 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
                "smallest_alpha": thresholds.to_dict(orient="records"),
                "cycle_status": cycle.status, "length_unit": cfg.workload.get("length_unit"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     return summary

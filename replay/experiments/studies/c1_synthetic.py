@@ -20,7 +20,6 @@ as trials finish and a rerun resumes (:mod:`replay.experiments.studies.trials`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import zlib
@@ -40,7 +39,7 @@ from replay.engine.kv import explicit
 from replay.engine.loop import Engine
 from replay.engine.overflow import EvictLIFO
 from replay.experiments.studies.trials import finished_trials, run_parallel
-from replay.outputs import append_row, atomic_write_text
+from replay.outputs import append_row, atomic_write_text, summary_json
 from replay.run import package_versions
 from replay.timing.simple import UnitTiming
 from replay.workloads.synthetic import Synthetic
@@ -232,6 +231,6 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 100,
                "wall_time_s": time.perf_counter() - started, "resumed_trials": len(finished),
                "setup": "unit time, all at round 0, M = 100, lengths from workload=synthetic",
                "params": params, "packages": package_versions(), "out_dir": str(out_dir)}
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     log.info("C1 mean TEL ± s.e. [paper]:\n%s", markdown)
     return summary

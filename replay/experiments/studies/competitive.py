@@ -26,7 +26,6 @@ summary also reports both bounds over all trials.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -45,7 +44,7 @@ from replay.engine.loop import Engine
 from replay.engine.overflow import EvictLIFO
 from replay.engine.requests import Requests
 from replay.experiments.studies.trials import finished_trials, run_parallel
-from replay.outputs import append_row, atomic_write_text
+from replay.outputs import append_row, atomic_write_text, summary_json
 from replay.run import make_requests, package_versions
 from replay.timing.simple import UnitTiming
 from replay.workloads.arrivals import AllAtOnce, PoissonRounds
@@ -186,7 +185,7 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
     summary.update(wall_time_s=time.perf_counter() - started, resumed_trials=len(finished),
                    params=params, packages=package_versions(), out_dir=str(out_dir))
     plot_histograms(table, out_dir)
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     log.info("%s", format_summary(summary))
     return summary
 

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -37,7 +36,10 @@ from replay.fluid.model import (
     nested_condition_thresholds,
     segment_memory_terms,
 )
-from replay.outputs import atomic_write_text  # noqa: E402
+from replay.outputs import (
+    atomic_write_text,  # noqa: E402
+    summary_json,
+)
 from replay.run import make_requests  # noqa: E402
 from replay.workloads.typed import output_length_types  # noqa: E402
 
@@ -173,5 +175,5 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, settings: list,
                "best_segments": best[["rate", "horizon", "delta", "segments", "total"]]
                .to_dict(orient="records"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     return summary
