@@ -16,6 +16,7 @@ called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -39,8 +40,8 @@ from replay.cli import (
     is_input_error,
 )
 from replay.config import CONFIG_DIR, register_resolvers
-from replay.errors import InputError
-from replay.outputs import atomic_write_text, read_summary
+from replay.errors import InputError, OutputError
+from replay.outputs import atomic_write_text, read_summary, summary_json
 from replay.run import run
 from replay.validate import validate_config
 
@@ -78,10 +79,11 @@ def replay_job(cfg: DictConfig) -> dict:
         # and the sweep's report counts it (SweepReport).
         print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
         summary = error_summary(cfg, exc)
-        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+        with contextlib.suppress(OutputError):  # a full disk may refuse this record too
+            atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
     if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep prints one table at its end
         print(human_summary(summary, out_dir), file=sys.stderr, flush=True)
-    print(json.dumps(summary, default=str), flush=True)
+    print(summary_json(summary, indent=None), flush=True)
     return summary
 
 

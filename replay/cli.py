@@ -95,11 +95,14 @@ def _keys_beside(key: str, overrides: Sequence[str]) -> list[str]:
 def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
     """The config ``python -m replay OVERRIDES`` would run, or exit 2 naming what is wrong."""
     from replay.config import compose_config
+    from replay.validate import validate_config
 
     try:
-        return compose_config(overrides)
+        cfg = compose_config(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         fail(config_error_line(exc, overrides))
+    run_or_exit(validate_config, cfg)
+    return cfg
 
 
 def is_input_error(exc: BaseException) -> bool:

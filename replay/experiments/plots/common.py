@@ -17,16 +17,17 @@ import pandas as pd  # noqa: E402
 
 from policies.labels import policy_label  # noqa: E402
 from replay.errors import InputError  # noqa: E402
+from replay.outputs import atomic_write, ensure_writable_dir  # noqa: E402
 from replay.results import nested, runs_under  # noqa: E402
 
 
 def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:
     """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV."""
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
+    ensure_writable_dir(out.parent)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     plt.close(fig)
-    numbers.to_csv(out.with_suffix(".csv"), index=index)
+    atomic_write(out.with_suffix(".csv"), lambda tmp: numbers.to_csv(tmp, index=index))
     return out
 
 
