@@ -14,8 +14,11 @@ and draw their figures from it (:func:`runs_under`).
 
 ``query`` runs DuckDB SQL over that file, exposed as the view ``runs``, e.g.::
 
-    python -m replay.results query "SELECT \\"config.policy._target_\\" AS policy,
-        avg(mean_latency) FROM runs WHERE status = 'completed' GROUP BY 1"
+    python -m replay.results query "SELECT policy, avg(mean_latency) FROM runs
+        WHERE status = 'completed' GROUP BY 1"
+
+``policy`` is the policy's label (``MC-SF``, ``alpha-protection (0.25)``); the class path
+is ``config.policy._target_``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from policies.labels import policy_label
 from replay.cli import fail, run_or_exit
 from replay.errors import InputError
 from replay.outputs import atomic_write
@@ -60,6 +64,10 @@ def run_row(summary_path: Path) -> dict | None:
     if not isinstance(summary, dict) or "config" not in summary:
         return None
     row = {"run_dir": str(summary_path.parent.resolve())}
+    policy = summary["config"].get("policy") if isinstance(summary["config"], dict) else None
+    # What a person reads for the policy (``config.policy._target_`` keeps the class path).
+    row["policy"] = policy_label(policy) if isinstance(policy, dict) and "_target_" in policy \
+        else None
     for key, value in summary.items():
         if key == "config":
             row.update(_flatten(value, "config"))

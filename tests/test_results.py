@@ -34,10 +34,11 @@ def test_collect_flattens_config_and_metrics_and_leaves_studies_out(runs, tmp_pa
 
 def test_query_answers_sql_over_the_runs(runs, tmp_path):
     collect([runs], tmp_path / "results.parquet")
-    answer = query('SELECT "config.policy._target_" AS policy, tel FROM runs ORDER BY tel, 1',
-                   tmp_path / "results.parquet")
+    answer = query('SELECT policy, "config.policy._target_" AS class, tel FROM runs '
+                   'ORDER BY tel, 1', tmp_path / "results.parquet")
     assert answer["tel"].tolist() == [45, 64, 64]
-    assert answer["policy"].iloc[0] == "policies.sorted_f.SortedF"
+    assert answer["class"].iloc[0] == "policies.sorted_f.SortedF"
+    assert answer["policy"].iloc[0] == "Sorted-F (swap)"  # labels, as people read them
 
 
 def test_bad_queries_and_missing_tables_are_input_errors(runs, tmp_path):
