@@ -66,6 +66,7 @@ from replay.cli import run_or_exit
 from replay.config import compose_config
 from replay.errors import InputError
 from replay.experiments.plots.common import plt, save_figure
+from replay.outputs import atomic_write, atomic_write_text, ensure_writable_dir
 from replay.run import run
 
 #: Cases: workload -> (low rate, high rate) in requests/s, around the capacity of
@@ -276,16 +277,17 @@ def crosscheck(setup: Setup, out_dir: Path,
                 print(f"{workload} at {rate:g}/s, {scheduler}: kvsched {our_wall:.2f} s, "
                       f"Vidur {their_wall:.2f} s", flush=True)
     frame = pd.concat(frames, ignore_index=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out_dir / "requests.csv", index=False)
-    compare(frame).to_csv(out_dir / "comparison.csv", index=False)
+    ensure_writable_dir(out_dir)
+    atomic_write(out_dir / "requests.csv", lambda tmp: frame.to_csv(tmp, index=False))
+    atomic_write(out_dir / "comparison.csv",
+                 lambda tmp: compare(frame).to_csv(tmp, index=False))
     plot(frame, out_dir / "distributions.png")
     speed = pd.DataFrame(speeds)
     speed["kvsched_requests_per_s"] = speed["requests"] / speed["kvsched_wall_s"]
     speed["vidur_requests_per_s"] = speed["requests"] / speed["vidur_wall_s"]
     speed["speedup"] = speed["vidur_wall_s"] / speed["kvsched_wall_s"]
-    speed.to_csv(out_dir / "speed.csv", index=False)
-    (out_dir / "setup.json").write_text(json.dumps(setup.__dict__, indent=1))
+    atomic_write(out_dir / "speed.csv", lambda tmp: speed.to_csv(tmp, index=False))
+    atomic_write_text(out_dir / "setup.json", json.dumps(setup.__dict__, indent=1))
     return speed
 
 
@@ -310,6 +312,7 @@ def main() -> None:
     n = args.n if args.n is not None else (60 if args.quick else 1000)
     setup = Setup(n=n, quick=args.quick,
                   reserve_prompt=args.reserve_prompt)
+    run_or_exit(ensure_writable_dir, args.out)  # before minutes of simulation, not after
     speed = run_or_exit(crosscheck, setup, args.out)
     total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
     ours, theirs = (total["requests"] / total[f"{name}_wall_s"] for name in ("kvsched", "vidur"))

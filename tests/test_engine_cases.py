@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
 from policies.protection import AlphaProtection
+from replay.engine import loop
 from replay.engine.loop import DecisionError
 from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
 from replay.engine.policy import Batch
@@ -378,3 +381,14 @@ def test_waiting_queue_matches_a_plain_array_and_keeps_old_views(operations, see
         assert queue.size == model.size and np.array_equal(queue.ids, model)
         assert not queue.ids.flags.writeable
     assert all(np.array_equal(view, then) for view, then in views)
+
+
+def test_a_long_replay_says_where_it_is(monkeypatch, caplog):
+    """The heartbeat (every 4,096 steps, at most every HEARTBEAT_S) reaches the log."""
+    monkeypatch.setattr(loop, "HEARTBEAT_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="replay.engine.loop"):
+        result = replay([1] * 5000, [2] * 5000, FCFSLookahead(EvictLIFO()), kv_tokens=3,
+                        arrival=np.arange(5000.0))
+    assert result.status == "completed"
+    beats = [r.getMessage() for r in caplog.records if "requests completed" in r.getMessage()]
+    assert beats and beats[0].startswith("replay: ") and " of 5000 requests completed" in beats[0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +169,13 @@ def test_cache_dir_is_the_platform_user_cache_unless_the_environment_says(monkey
                                       "vidur")
     monkeypatch.setenv("KVSCHED_CACHE_DIR", str(tmp_path))
     assert cache_dir("vidur", "x") == tmp_path / "vidur" / "x"
+
+
+def test_fetch_into_a_folder_it_cannot_write_is_one_error_line(tmp_path):
+    """A file where the data folder should be: `cannot write`, exit 2, before any download."""
+    (tmp_path / "data").write_text("not a folder")
+    done = subprocess.run([sys.executable, "-m", "traces.fetch", "--data-dir",
+                           str(tmp_path / "data")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: cannot write") and "Traceback" not in done.stderr

@@ -21,6 +21,7 @@ import pooch
 
 from replay.data import RemoteFile
 from replay.errors import InputError
+from replay.outputs import ensure_writable_dir
 
 _VIDUR = "microsoft/vidur"
 TRACE_FILES: tuple[RemoteFile, ...] = (
@@ -77,6 +78,7 @@ def fetch(files: Iterable[RemoteFile], data_dir: Path,
     for remote in files:
         target = Path(data_dir).expanduser() / remote.relpath
         paths.append(target)
+        ensure_writable_dir(target.parent)  # a folder we cannot write is not a download error
         try:
             pooch.retrieve(remote.url, known_hash=f"sha256:{remote.sha256}",
                            fname=target.name, path=target.parent, downloader=downloader,

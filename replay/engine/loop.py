@@ -33,6 +33,7 @@ the batch and the waiting queue, never over the whole trace.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ from replay.timing.base import BatchShape, Stretch, TimingBackend
 from replay.validate import check_value
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+#: A long replay logs where it is at most this often (wall seconds), checked every 4,096 steps.
+HEARTBEAT_S = 30.0
+log = logging.getLogger(__name__)
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -501,6 +505,8 @@ class Engine:
                 break
             self._price(step)
             self.steps += 1
+            if not self.steps & 4095:
+                self._heartbeat()
             if step.kv_peak > self.kv.tokens:
                 self._overflow(step)
                 continue
@@ -513,6 +519,15 @@ class Engine:
                          self.livelock_window, self.decision_time, self.preemption,
                          self.requeue, self.token_gaps, timing_time_s=self.timing_time,
                          loop_time_s=loop_time, decisions=self.decisions)
+
+    def _heartbeat(self) -> None:
+        """Say where a long replay is (the progress bar is off by default)."""
+        wall = time.perf_counter()
+        if wall - self._last_heartbeat >= HEARTBEAT_S:
+            self._last_heartbeat = wall
+            log.info("replay: %d of %d requests completed, %d steps, simulated time %.6g %s",
+                     self.completed, self.status.size, self.steps, self.now,
+                     getattr(self.timing, "time_unit", "seconds"))
 
     def _start_run(self) -> None:
         """The run's clock, counters, queue, running set and the policy's read-only view."""
@@ -533,6 +548,7 @@ class Engine:
         self.iteration = self.steps = self.idle_steps = self.completed = self.decisions = 0
         self.decision_time = self.timing_time = 0.0
         self._fast_forward_on = self.fast_forward and hasattr(self.timing, "stretch_durations")
+        self._last_heartbeat = time.perf_counter()
 
     # -- phase 1: arrivals
     def _release_arrivals(self) -> None:

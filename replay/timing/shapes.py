@@ -26,6 +26,7 @@ attention and prefill attention; and the same iteration under ``timing=linear``
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from hydra.utils import instantiate
 
 from replay.cli import run_or_exit
 from replay.config import compose_config
+from replay.outputs import atomic_write, atomic_write_text, ensure_writable_dir
 from replay.timing.base import BatchShape
 from replay.timing.vidur_tables import TOKEN_OPS, TOKEN_ROUNDING
 
@@ -167,8 +169,8 @@ def explain(experiment: str, overrides, out: Path | None) -> dict:
         for name, seconds in linear.items():
             print(f"  {name:52s} {seconds * 1e3:9.2f} ms {seconds / linear_total:7.1%}")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(__import__("json").dumps(result, indent=1) + "\n")
+        ensure_writable_dir(out.parent)
+        atomic_write_text(out, json.dumps(result, indent=1) + "\n")
         print(f"saved {out}")
     return result
 
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {model} on {hardware}: attention table: "
               f"{attention.get('what', attention.get('source'))}")
     table = pd.concat(tables, ignore_index=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False)
+    ensure_writable_dir(args.out.parent)
+    atomic_write(args.out, lambda tmp: table.to_csv(tmp, index=False))
     wide = table.pivot(index="shape", columns="model", values="milliseconds")
     print(wide.loc[table["shape"].unique()].to_string())
     print(f"saved {args.out}")
