@@ -128,3 +128,9 @@ def test_a_partial_trial_row_is_dropped_and_a_study_extends_in_place(tmp_path):
     assert sorted(table["trial"]) == [0, 1, 2]
     assert summary["resumed_trials"] == 2
     assert json.loads((tmp_path / "study.json").read_text())["trials"] == 3
+    # Asked for fewer trials than the folder holds: the rows stay on disk, but the log,
+    # the summary and study.json all count the trials asked for.
+    fewer = run(study_config("mcsf_vs_opt_offline_small", *tiny, "study.trials=2"), tmp_path)
+    assert fewer["resumed_trials"] == 2 and fewer["trials"] == 2
+    assert json.loads((tmp_path / "study.json").read_text())["trials"] == 2
+    assert len(pd.read_csv(tmp_path / "trials.csv")) == 3

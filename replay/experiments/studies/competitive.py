@@ -43,7 +43,7 @@ from replay.engine.kv import explicit
 from replay.engine.loop import Engine
 from replay.engine.overflow import EvictLIFO
 from replay.engine.requests import Requests
-from replay.experiments.studies.trials import finished_trials, run_parallel
+from replay.experiments.studies.trials import counted, finished_trials, run_parallel
 from replay.outputs import append_row, atomic_write_text, summary_json
 from replay.run import make_requests, package_versions
 from replay.timing.simple import UnitTiming
@@ -180,7 +180,7 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 200, online: bool
         append_row(trials_file, row, COLUMNS)
         bar.update(1)
     bar.close()
-    table = pd.read_csv(trials_file).sort_values("trial")
+    table = counted(pd.read_csv(trials_file), params).sort_values("trial")
     summary = summarize_trials(table)
     summary.update(wall_time_s=time.perf_counter() - started, resumed_trials=len(finished),
                    params=params, packages=package_versions(), out_dir=str(out_dir))

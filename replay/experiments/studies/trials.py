@@ -25,7 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def finished_trials(out_dir: Path, params: dict) -> pd.DataFrame | None:
-    """The trials already in ``out_dir`` (``None`` if none), for a study with ``params``."""
+    """The trials already in ``out_dir`` that this study counts (``None`` if none).
+
+    A folder extended to more trials than ``params["trials"]`` keeps them on disk, but the
+    study reports only trials ``0 .. trials - 1`` (:func:`counted`), so ``study.json``, the
+    log and the summary all say the same number."""
     study_file, trials_file = out_dir / "study.json", out_dir / "trials.csv"
     previous = read_summary(study_file) if study_file.is_file() else None
 
@@ -40,8 +44,14 @@ def finished_trials(out_dir: Path, params: dict) -> pd.DataFrame | None:
     if drop_partial_last_row(trials_file):
         log.warning("%s: dropped a partial last row left by an interrupted run", trials_file)
     if trials_file.is_file() and trials_file.stat().st_size:
-        return pd.read_csv(trials_file)
+        done = counted(pd.read_csv(trials_file), params)
+        return done if len(done) else None
     return None
+
+
+def counted(table: pd.DataFrame, params: dict) -> pd.DataFrame:
+    """The rows of ``table`` that belong to a study of ``params["trials"]`` trials."""
+    return table[table["trial"] < params["trials"]] if "trial" in table else table
 
 
 def run_parallel(function: Callable, arguments: Iterable[tuple], workers: int) -> Iterator:
