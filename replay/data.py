@@ -59,13 +59,19 @@ def require_file(path: str | Path, what: str) -> Path:
     return p
 
 
-@lru_cache(maxsize=64)
-def _sha256(path: str, mtime_ns: int, size: int) -> str:
+def sha256_of(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _sha256(path: str, mtime_ns: int, size: int) -> str:
+    """:func:`sha256_of`, once per file version (a sweep hashes the same trace per run)."""
+    return sha256_of(path)
 
 
 def file_record(path: str | Path) -> dict:

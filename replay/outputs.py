@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from replay.data import file_record
+from replay.data import file_record, sha256_of
 from replay.errors import OutputError
 
 #: The files a replay writes, besides the summary.
@@ -90,13 +89,6 @@ def ensure_writable_dir(folder: Path | str) -> Path:
     return folder
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> dict:
     """Call ``write(temporary)`` and rename the result onto ``path`` atomically.
@@ -116,7 +108,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> dict:
         with open(temporary, "rb") as fh:
             os.fsync(fh.fileno())
         record = {"path": str(path.resolve()), "bytes": temporary.stat().st_size,
-                  "sha256": _digest(temporary)}
+                  "sha256": sha256_of(temporary)}
         os.replace(temporary, path)
     except OSError as exc:
         if isinstance(exc, OutputError):

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from replay.cli import fail
 from replay.config import CONFIG_DIR
+from replay.data import sha256_of
 from replay.experiments.report import build_report, git_describe, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
 from replay.outputs import changed_inputs
@@ -48,13 +49,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def file_digest(path: Path) -> dict:
-    """``{"bytes", "sha256"}`` of a file. (A stand-in until :mod:`replay.outputs`' atomic
-    writes record these themselves.)"""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    """``{"bytes", "sha256"}`` of a file, as an output manifest records it."""
+    return {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
 
 
 def target_config(target: Target, quick: bool) -> dict:

@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.data import RemoteFile
+from replay.data import RemoteFile, sha256_of
 from replay.engine.requests import Requests
 from replay.errors import InputError
 from replay.workloads.files import CsvTrace
 from tests.conftest import REPO
 from traces import stats
 from traces.build import build, main, word_count
-from traces.fetch import TRACE_FILES, FetchError, fetch, sha256_of
+from traces.fetch import TRACE_FILES, FetchError, fetch
 
 LMSYS_RECORDS = [
     {"conversation": [{"role": "user", "content": "What is KV cache?"},

@@ -12,7 +12,6 @@ is left alone. Needs internet access (it cannot run on the offline build machine
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,13 +49,6 @@ class FetchError(InputError, RuntimeError):
     """A download failed or did not match the expected file (reported as bad input: the
     network or the origin, not this code)."""
 
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 #: ``downloader(url, output_file, pooch)``, as :func:`pooch.retrieve` calls it; ``None`` is
