@@ -1,0 +1,107 @@
+"""Compiled path against ``Engine.run``: ``python -m replay.compiled.bench [--n 1000]``.
+
+For each case (by default the crosscheck's vLLM-like and Sarathi-like cases: LMSYS at 5
+and 20 requests/s, arXiv at 0.1 and 0.3, Vidur timing, EXPERIMENTS.md D3), builds the
+engine twice from one config, replays it with ``Engine.run()`` and with
+:func:`replay.compiled.run_compiled`, checks that the tables and the token-gap
+histogram are identical, and prints each path's step-loop wall time (best of
+``--repeat``), the per-step cost and the speed-up. The compile time (or the time to load
+numba's on-disk cache) is printed apart, once per process. Not a test: numbers depend
+on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+
+from replay.compiled.driver import compile_kernels, run_compiled, unsupported_reason
+from replay.crosscheck import RATES, Setup
+from replay.engine import Engine, RunResult
+from replay.run import compose_config, known_types, make_requests, with_predictions
+
+
+def build_engine(cfg) -> Engine:
+    """The engine :func:`replay.run.build_and_run` would run for ``cfg``, not yet run."""
+    kv = instantiate(cfg.kv)
+    timing = instantiate(cfg.timing)
+    workload = instantiate(cfg.workload)
+    requests = make_requests(workload, instantiate(cfg.arrivals), cfg.seed, timing.time_unit,
+                             cfg.get("workload_seed"))
+    requests = with_predictions(requests, instantiate(cfg.prediction), kv.tokens, cfg.seed)
+    policy = instantiate(cfg.policy, **known_types(cfg, workload))
+    return Engine(requests, policy, timing, kv, seed=cfg.seed,
+                  livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
+                  validate_decisions=cfg.engine.validate_decisions,
+                  preemption=cfg.engine.preemption, requeue=cfg.engine.requeue,
+                  max_running=cfg.engine.max_running,
+                  max_starts_per_round=cfg.engine.get("max_starts_per_round"),
+                  fast_forward=cfg.engine.fast_forward)
+
+
+def assert_identical(python: RunResult, compiled: RunResult) -> None:
+    """The two paths' outputs are the same, bit for bit."""
+    assert (python.status, python.message) == (compiled.status, compiled.message)
+    pd.testing.assert_frame_equal(python.requests, compiled.requests, check_exact=True)
+    pd.testing.assert_frame_equal(python.iterations, compiled.iterations, check_exact=True)
+    a, b = python.token_gaps, compiled.token_gaps
+    a._flush()
+    b._flush()
+    assert (a.count, a.total, a.max) == (b.count, b.total, b.max)
+    assert np.array_equal(a.counts, b.counts)
+
+
+def crosscheck_cases(n: int, schedulers=("vllm", "sarathi")) -> dict[str, list[str]]:
+    setup = Setup(n=n)
+    return {f"{workload} {rate:g}/s {scheduler}": setup.overrides(workload, rate, scheduler)
+            for workload, rates in RATES.items() for rate in rates for scheduler in schedulers}
+
+
+def measure(label: str, overrides: list[str], repeat: int) -> dict:
+    cfg = compose_config(overrides)
+    if (reason := unsupported_reason(build_engine(cfg))) is not None:
+        print(f"{label}: {reason}")
+        return {}
+    best = {"python": np.inf, "compiled": np.inf}
+    results = {}
+    for _ in range(repeat):
+        for path in best:
+            engine = build_engine(cfg)
+            started = time.perf_counter()
+            result = engine.run() if path == "python" else run_compiled(engine)
+            best[path] = min(best[path], time.perf_counter() - started)
+            results[path] = result
+    assert_identical(results["python"], results["compiled"])
+    steps = len(results["python"].iterations)
+    row = {"case": label, "requests": len(results["python"].requests), "steps": steps,
+           "python_s": best["python"], "compiled_s": best["compiled"],
+           "python_us_per_step": 1e6 * best["python"] / steps,
+           "compiled_us_per_step": 1e6 * best["compiled"] / steps,
+           "speedup": best["python"] / best["compiled"]}
+    print(f"{label:<26}{row['requests']:>8}{steps:>8}{row['python_s']:>10.3f}"
+          f"{row['compiled_s']:>10.4f}{row['python_us_per_step']:>10.1f}"
+          f"{row['compiled_us_per_step']:>10.2f}{row['speedup']:>9.1f}x", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000, help="requests per case")
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--schedulers", default="vllm,sarathi")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    compiled_in = compile_kernels()
+    print(f"compile (or cache load) {compiled_in:.2f} s, in {time.perf_counter() - started:.2f} s")
+    print(f"{'case':<26}{'requests':>8}{'steps':>8}{'python s':>10}{'numba s':>10}"
+          f"{'py us/st':>10}{'nb us/st':>10}{'speedup':>10}")
+    for label, overrides in crosscheck_cases(args.n, tuple(args.schedulers.split(","))).items():
+        measure(label, overrides, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""Compiled twins of the built-in policies' decisions and of the overflow rules.
+
+Each decision reads the engine's state arrays and writes one
+:class:`replay.policy.Batch` into scratch buffers:
+
+* ``start[:n_start]``: the requests to start, in the policy's order;
+* ``advance[:n_advance]``: the running requests that take part (``n_advance = -1``: all
+  running, ``Batch.advance=None``);
+* ``preempt[:n_preempt]``: running requests to evict before the iteration;
+* ``chunk_of[rid]``: a prompt chunk named for ``rid`` (0: the engine's default, all of
+  the remaining prompt), the ids so named in ``chunk_ids[:n_chunks]`` (the caller
+  clears them after the step).
+
+and returns ``(n_start, n_advance, n_preempt, n_chunks, error)``. ``error`` is 0, or
+:data:`ASK_PYTHON` where the Python twin raises (the driver then asks it, so that the
+same exception reaches the caller). Steady-step promises are not produced: the
+compiled loop runs every step, which the engine's fast-forward is defined to equal.
+
+The running set is ``running[:n_run]`` in start order and the waiting queue
+``queue[head:tail]`` in queue order, as the engine keeps them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+VLLM, SARATHI, FCFS, MCSF, PROTECTION = 0, 1, 2, 3, 4
+EVICT_LIFO, CLEAR_ALL, CLEAR_WITH_PROB = 0, 1, 2
+ASK_PYTHON = 1
+# vLLM-like parameters (policy_ints)
+V_MAX_SEQS, V_MAX_TOKENS, V_WATERMARK = 0, 1, 2
+# Sarathi-like parameters (policy_ints)
+S_CHUNK, S_MAX_SEQS, S_WATERMARK, S_RESERVE = 0, 1, 2, 3
+
+
+@njit(cache=True)
+def blocks(tokens, block):
+    return (tokens + (block - 1)) // block
+
+
+@njit(cache=True)
+def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
+    """replay.paging.preempt_latest_until_fit over ``ids[:n]``: the smallest id that is
+    preempted (every id at or above it goes; the latest arrivals first), or -1 if all fit.
+    """
+    total = 0
+    for k in range(n):
+        total += blocks_after[k]
+    excess = total - capacity_blocks
+    if excess <= 0:
+        return -1
+    order = np.argsort(ids[:n])
+    freed = 0
+    for k in range(n - 1, -1, -1):
+        freed += blocks_after[order[k]]
+        if freed >= excess:
+            return ids[order[k]]
+    return ids[order[0]]
+
+
+# --------------------------------------------------------------------------- vLLM-like
+@njit(cache=True)
+def vllm_decide(params, kv_capacity, block, prefill_len, held, queue, head, tail, running,
+                n_run, start, advance, preempt, scratch):
+    """policies.vllm.VLLMLike.decide."""
+    capacity = kv_capacity // block
+    used = 0
+    for k in range(n_run):
+        used += blocks(held[running[k]], block)
+    free = capacity - used
+    n_wait = min(max(0, params[V_MAX_SEQS] - n_run), tail - head)
+    if n_wait > 0:
+        first = queue[head]
+        head_prefill = prefill_len[first]
+        if head_prefill > params[V_MAX_TOKENS]:
+            return 0, 0, 0, 0, ASK_PYTHON
+        watermark = params[V_WATERMARK]
+        if free - blocks(head_prefill + 1, block) < watermark:
+            if n_run == 0:
+                start[0] = first
+                return 1, 0, 0, 0, 0
+        else:
+            prefill = 0
+            needed = 0
+            k = 0
+            while k < n_wait:
+                rid = queue[head + k]
+                prefill += prefill_len[rid]
+                needed += blocks(prefill_len[rid] + 1, block)
+                if prefill > params[V_MAX_TOKENS] or free - needed < watermark:
+                    break
+                start[k] = rid
+                k += 1
+            return k, 0, 0, 0, 0
+    for k in range(n_run):
+        scratch[k] = blocks(held[running[k]] + 1, block)
+    cut = preempt_latest_until_fit(running, scratch, n_run, capacity)
+    if cut < 0:
+        return 0, -1, 0, 0, 0
+    n_adv = 0
+    n_pre = 0
+    for k in range(n_run):
+        rid = running[k]
+        if rid >= cut:
+            preempt[n_pre] = rid
+            n_pre += 1
+        else:
+            advance[n_adv] = rid
+            n_adv += 1
+    return 0, n_adv, n_pre, 0, 0
+
+
+# ----------------------------------------------------------------------- Sarathi-like
+@njit(cache=True)
+def _sarathi_chunk(rid, room_blocks, limited, budget, block, prefill_len, prefilled, held):
+    """_ChunkPlan._chunk: the largest chunk of ``rid``'s remaining prefill within budget and
+    (if ``limited``) ``room_blocks``."""
+    remaining = prefill_len[rid] - prefilled[rid]
+    chunk = min(remaining, budget)
+    if limited:
+        h = held[rid]
+        room = room_blocks * block + (-h) % block
+        chunk = min(chunk, room)
+        if chunk == remaining and chunk + 1 > room:
+            chunk = room - 1
+    return max(chunk, 0)
+
+
+@njit(cache=True)
+def sarathi_decide(params, kv_capacity, block, prefill_len, prefilled, held, queue, head, tail,
+                   running, n_run, start, advance, preempt, chunk_of, chunk_ids, scratch,
+                   scratch2):
+    """policies.sarathi.SarathiLike.decide (without its steady-steps promise)."""
+    reserve = params[S_RESERVE] != 0
+    capacity = kv_capacity // block
+    occupied = scratch
+    for k in range(n_run):
+        rid = running[k]
+        remaining = prefill_len[rid] - prefilled[rid]
+        if reserve:
+            slots = held[rid] + 1 if remaining == 0 else prefill_len[rid] + 1
+        else:
+            slots = held[rid] + (1 if remaining == 0 else 0)
+        occupied[k] = blocks(slots, block)
+    cut = preempt_latest_until_fit(running, occupied, n_run, capacity)
+    # kept decodes go to advance[:n_dec]; kept prefills (in order) to scratch2[:n_pre_fill]
+    n_dec = 0
+    n_prefilling = 0
+    n_pre = 0
+    n_kept = 0
+    used = 0
+    for k in range(n_run):
+        rid = running[k]
+        if cut >= 0 and rid >= cut:
+            preempt[n_pre] = rid
+            n_pre += 1
+            continue
+        n_kept += 1
+        used += occupied[k]
+        if prefill_len[rid] - prefilled[rid] == 0:
+            advance[n_dec] = rid
+            n_dec += 1
+        else:
+            scratch2[n_prefilling] = rid
+            n_prefilling += 1
+    free = capacity - used
+    budget = params[S_CHUNK] - n_dec
+    n_chunks = 0
+    for i in range(n_prefilling):
+        rid = scratch2[i]
+        chunk = _sarathi_chunk(rid, free, not reserve, budget, block, prefill_len, prefilled,
+                               held)
+        if chunk > 0:
+            budget, free = _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len,
+                                         prefilled, held, chunk_of)
+            chunk_ids[n_chunks] = rid
+            n_chunks += 1
+    while n_chunks == 0 and n_dec == 0 and n_prefilling > 1:
+        # Part-way prefills starve each other of KV: free the latest for the oldest.
+        n_prefilling -= 1
+        victim = scratch2[n_prefilling]
+        preempt[n_pre] = victim
+        n_pre += 1
+        free += blocks(held[victim], block)
+        rid = scratch2[0]
+        chunk = _sarathi_chunk(rid, free, not reserve, budget, block, prefill_len, prefilled,
+                               held)
+        if chunk > 0:
+            budget, free = _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len,
+                                         prefilled, held, chunk_of)
+            chunk_ids[n_chunks] = rid
+            n_chunks += 1
+    watermark = params[S_WATERMARK]
+    seats = params[S_MAX_SEQS] - n_kept
+    n_start = 0
+    for q in range(head, tail):
+        rid = queue[q]
+        if seats <= 0:
+            break
+        floor = 0 if n_kept + n_start == 0 else watermark
+        if reserve:
+            needed = blocks(prefill_len[rid] + 1, block)
+            if free - needed < floor:
+                break
+            chunk = _sarathi_chunk(rid, 0, False, budget, block, prefill_len, prefilled, held)
+            if chunk > 0:
+                free -= needed
+        else:
+            chunk = _sarathi_chunk(rid, free - floor, True, budget, block, prefill_len,
+                                   prefilled, held)
+        if chunk <= 0:
+            break
+        budget, free = _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len,
+                                     prefilled, held, chunk_of)
+        chunk_ids[n_chunks] = rid
+        n_chunks += 1
+        start[n_start] = rid
+        n_start += 1
+        seats -= 1
+    # advance: the decodes, then the prefills that got a chunk, in running order
+    n_adv = n_dec
+    for i in range(n_prefilling):
+        rid = scratch2[i]
+        if chunk_of[rid] > 0:
+            advance[n_adv] = rid
+            n_adv += 1
+    return n_start, n_adv, n_pre, n_chunks, 0
+
+
+@njit(cache=True)
+def _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len, prefilled, held,
+                  chunk_of):
+    """_ChunkPlan._take: returns the budget and free blocks left."""
+    chunk_of[rid] = chunk
+    budget -= chunk
+    emits = 1 if chunk == prefill_len[rid] - prefilled[rid] else 0
+    if not reserve:
+        h = held[rid]
+        free -= blocks(h + chunk + emits, block) - blocks(h, block)
+    return budget, free
+
+
+# ------------------------------------------------------------ FCFS / MC-SF lookahead
+@njit(cache=True)
+def peak_kv(base, remaining, n, block, order_key):
+    """replay.lookahead.peak_kv of ``(base[:n], remaining[:n])``."""
+    if n == 0:
+        return 0
+    if block > 1:
+        best = 0
+        for c_i in range(n):
+            c = remaining[c_i]
+            total = 0
+            for j in range(n):
+                if remaining[j] >= c:
+                    total += blocks(base[j] + c, block) * block
+            best = max(best, total)
+        return best
+    for k in range(n):
+        order_key[k] = -remaining[k]
+    order = np.argsort(order_key[:n])
+    best = 0
+    cumulative = 0
+    for k in range(n):
+        j = order[k]
+        cumulative += base[j]
+        best = max(best, cumulative + (k + 1) * remaining[j])
+    return best
+
+
+@njit(cache=True)
+def lookahead_decide(candidates, n_cand, kv_capacity, block, kv_held, prompt_len, prefill_len,
+                     generated, estimate, running, n_run, start, base, remaining, order_key):
+    """replay.lookahead.start_admissible over ``candidates[:n_cand]``: how many of them
+    start (written to ``start``)."""
+    if n_cand == 0:
+        return 0
+    if kv_held + n_run + prefill_len[candidates[0]] + 1 > kv_capacity:
+        return 0
+    first = 0
+    for k in range(n_run):
+        rid = running[k]
+        base[k] = prompt_len[rid] + generated[rid]
+        remaining[k] = max(estimate[rid] - generated[rid], 1)
+        first += base[k]
+    first += n_run
+    budget = kv_capacity
+    limit = min(n_cand, max(0, (budget - first) // 2) + 1)
+    for k in range(limit):
+        rid = candidates[k]
+        base[n_run + k] = prefill_len[rid]
+        remaining[n_run + k] = max(estimate[rid] - generated[rid], 1)
+    if peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
+        return 0
+    upper = 0
+    total = 0
+    for k in range(limit):
+        total += base[n_run + k] + 1
+        if total > budget - first:
+            break
+        upper += 1
+    if upper > 1 and peak_kv(base, remaining, n_run + upper, block, order_key) > budget:
+        good, bad = 1, 2
+        while bad < upper and peak_kv(base, remaining, n_run + bad, block,
+                                      order_key) <= budget:
+            good, bad = bad, min(2 * bad, upper)
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if peak_kv(base, remaining, n_run + mid, block, order_key) <= budget:
+                good = mid
+            else:
+                bad = mid
+        upper = good
+    for k in range(upper):
+        start[k] = candidates[k]
+    return upper
+
+
+# --------------------------------------------------------------- alpha-protection
+@njit(cache=True)
+def protection_decide(alpha, kv_capacity, kv_held, prompt_len, queue, head, tail, start):
+    """policies.protection.AlphaProtection.decide: the queue prefix whose first-step KV fits
+    ``(1 - alpha) M``."""
+    budget = (1.0 - alpha) * kv_capacity - kv_held
+    total = 0
+    k = 0
+    for q in range(head, tail):
+        total += prompt_len[queue[q]] + 1
+        if total > budget:
+            break
+        start[k] = queue[q]
+        k += 1
+    return k
+
+
+# ------------------------------------------------------------------- overflow rules
+@njit(cache=True)
+def overflow_evict(kind, beta, rng, holders, held_after, n_holders, kv_capacity, n_running,
+                   victims):
+    """The overflow rule's victims (replay.overflow), written to ``victims``; their count."""
+    if kind == CLEAR_ALL:
+        for k in range(n_running):
+            victims[k] = holders[k]
+        return n_running
+    if kind == CLEAR_WITH_PROB:
+        n = 0
+        for k in range(n_holders):
+            draw = rng.random()
+            if k < n_running and draw < beta:
+                victims[n] = holders[k]
+                n += 1
+        return n
+    # EvictLIFO: the latest started running requests until the rest fits
+    total = 0
+    for k in range(n_holders):
+        total += held_after[k]
+    excess = total - kv_capacity
+    if excess <= 0 or n_running == 0:
+        return 0
+    freed = 0
+    n = 0
+    for k in range(n_running - 1, -1, -1):
+        freed += held_after[k]
+        victims[n] = holders[k]
+        n += 1
+        if freed >= excess:
+            break
+    return n
