@@ -463,7 +463,9 @@ def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_lin
             n_run += n_start
             ints[I_NRUN] = n_run
             ints[I_LEFT] = 1
-            # the queue without the starts (a prefix: its head moves)
+            # the queue without the starts (a prefix: its head moves); evictions may have
+            # rebuilt it since the decision
+            head, tail = ints[I_QHEAD], ints[I_QTAIL]
             prefix = True
             for i in range(n_start):
                 if status[queue[head + i]] == WAITING:
