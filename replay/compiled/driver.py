@@ -36,7 +36,7 @@ from replay.compiled import pricing
 from replay.engine import Engine, RunResult
 from replay.iteration_log import ITERATION_COLUMNS, ITERATION_DTYPES
 from replay.overflow import ClearAll, ClearEachWithProb, EvictLIFO
-from replay.policy import PolicyView
+from replay.policy import Batch, PolicyView
 from replay.timing.base import BatchShape
 from replay.timing.simple import LinearTiming, UnitTiming
 from replay.timing.vidur import VidurTiming
@@ -86,18 +86,18 @@ def _combinable(engine: Engine) -> bool:
     return int(engine.predicted_output.max(initial=0)) < 2 ** 62 // n
 
 
-def _policy_params(engine: Engine) -> tuple[np.ndarray, np.ndarray]:
-    policy, kv = engine.policy, engine.kv
+def _policy_params(policy, kv_tokens: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The policy's parameters as the compiled decisions read them."""
     ints = np.zeros(4, dtype=np.int64)
     floats = np.zeros(1, dtype=np.float64)
     if isinstance(policy, VLLMLike):
         ints[dec.V_MAX_SEQS] = policy.max_num_seqs
         ints[dec.V_MAX_TOKENS] = policy.max_num_batched_tokens
-        ints[dec.V_WATERMARK] = int(policy.watermark * (kv.tokens // kv.block_size))
+        ints[dec.V_WATERMARK] = int(policy.watermark * (kv_tokens // block))
     elif isinstance(policy, SarathiLike):
         ints[dec.S_CHUNK] = policy.chunk_size
         ints[dec.S_MAX_SEQS] = policy.max_num_seqs
-        ints[dec.S_WATERMARK] = int(policy.watermark * (kv.tokens // kv.block_size))
+        ints[dec.S_WATERMARK] = int(policy.watermark * (kv_tokens // block))
         ints[dec.S_RESERVE] = bool(policy.reserve_prompt)
     elif isinstance(policy, AlphaProtection):
         floats[0] = policy.alpha
@@ -148,7 +148,7 @@ class _Run:
         config[k.C_OVERFLOW] = OVERFLOW_RULES[type(policy.overflow)]
         config[k.C_TIMING] = TIMINGS[type(e.timing)]
         self.config = config
-        policy_ints, policy_floats = _policy_params(e)
+        policy_ints, policy_floats = _policy_params(policy, e.kv.tokens, e.kv.block_size)
         beta = float(getattr(policy.overflow, "beta", 0.0))
         linear, token_ms, decode_ms, prefill_ms, vidur_ints = _timing_params(e.timing)
         self.out_of_range = np.zeros(3, dtype=np.int64)
@@ -319,3 +319,54 @@ def run_compiled(engine: Engine) -> CompiledRunResult:
                              engine.token_gaps, timing_time_s=0.0, loop_time_s=loop_time,
                              decisions=int(run.ints[k.I_DECISIONS]),
                              compile_time_s=compile_time)
+
+
+def compiled_decision(policy, view: PolicyView) -> Batch:
+    """The compiled twin's decision for ``view``, as a :class:`~replay.policy.Batch` (no
+    steady-steps promise; ``prefill_chunks`` names the chunks short of the remaining prompt,
+    as the Python decisions do). For testing the twins against ``policy.decide(view)``."""
+    kind = POLICIES[type(policy)]
+    n = view.prompt_len.size
+    block, capacity = view.kv_block_size, view.kv_capacity
+    waiting = np.ascontiguousarray(view.waiting, dtype=np.int64)
+    running = np.ascontiguousarray(view.running, dtype=np.int64)
+    start, advance, preempt, chunk_ids = (np.zeros(n, dtype=np.int64) for _ in range(4))
+    chunk_of = np.zeros(n, dtype=np.int64)
+    scratch = [np.zeros(n + 1, dtype=np.int64) for _ in range(3)]
+    prefill_len, prefilled, held = (np.ascontiguousarray(a, dtype=np.int64) for a in
+                                    (view.prefill_len, view.prefilled, view.held))
+    n_adv, n_pre = -1, 0
+    if kind in (dec.VLLM, dec.SARATHI):
+        params, _ = _policy_params(policy, capacity, block)
+        if kind == dec.VLLM:
+            n_start, n_adv, n_pre, _, error = dec.vllm_decide(
+                params, capacity, block, prefill_len, held, waiting, 0, waiting.size, running,
+                running.size, start, advance, preempt, scratch[0])
+        else:
+            n_start, n_adv, n_pre, _, error = dec.sarathi_decide(
+                params, capacity, block, prefill_len, prefilled, held, waiting, 0,
+                waiting.size, running, running.size, start, advance, preempt, chunk_of,
+                chunk_ids, scratch[0], scratch[1])
+        if error:
+            policy.decide(view)  # raises
+    elif kind == dec.PROTECTION:
+        n_start = dec.protection_decide(policy.alpha, capacity, view.kv_held,
+                                        np.ascontiguousarray(view.prompt_len, dtype=np.int64),
+                                        waiting, 0, waiting.size, start)
+    else:
+        estimate = np.ascontiguousarray(view.predicted_output, dtype=np.int64)
+        candidates = (waiting if kind == dec.FCFS
+                      else waiting[np.lexsort((waiting, estimate[waiting]))])
+        n_start = dec.lookahead_decide(candidates, candidates.size, capacity, block,
+                                       view.kv_held, np.ascontiguousarray(view.prompt_len,
+                                                                          dtype=np.int64),
+                                       prefill_len, np.ascontiguousarray(view.generated,
+                                                                         dtype=np.int64),
+                                       estimate, running, running.size, start, *scratch)
+    members = np.concatenate((running if n_adv < 0 else advance[:n_adv], start[:n_start]))
+    chunks = {int(r): int(chunk_of[r]) for r in members
+              if 0 < chunk_of[r] < prefill_len[r] - prefilled[r]}
+    return Batch(start=start[:n_start].copy(),
+                 advance=None if n_adv < 0 else advance[:n_adv].copy(),
+                 preempt=preempt[:n_pre].copy(), prefill_chunks=chunks or None)
+
