@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
+from policies.nested_wait import NestedWait
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
+from policies.wait import Wait
 from replay.compiled import decisions as dec
 from replay.compiled import kernels, pricing, run_compiled, supports_compiled, unsupported_reason
 from replay.compiled.bench import assert_identical
@@ -27,6 +29,8 @@ from replay.timing.vidur import VidurTiming
 from replay.timing.vidur_tables import VidurTables
 from tests.test_fast_forward import chunking_views, serving_view
 
+TYPES = [{"prompt_len": 4, "output_len": 8, "rate": 1.0},
+         {"prompt_len": 10, "output_len": 3, "rate": 0.5}]
 POLICIES = {
     "vllm": lambda: VLLMLike(EvictLIFO(), max_num_seqs=8, max_num_batched_tokens=200),
     "sarathi": lambda: SarathiLike(EvictLIFO(), chunk_size=16, max_num_seqs=8),
@@ -37,6 +41,12 @@ POLICIES = {
     "protection": lambda: AlphaProtection(0.3, ClearAll()),
     "clearing": lambda: AlphaProtection(0.2, ClearEachWithProb(0.5)),
     "protection_lifo": lambda: AlphaProtection(0.1, EvictLIFO()),
+    "wait": lambda: Wait(EvictLIFO(), TYPES, n=[2, 1]),
+    "wait_max_wait": lambda: Wait(EvictLIFO(), TYPES, n=[3, 2], max_wait=4.0),
+    "nested_wait": lambda: NestedWait(EvictLIFO(), boundaries=[2, 5], max_stage=20,
+                                      n=[2, 2, 1]),
+    "nested_wait_max_wait": lambda: NestedWait(EvictLIFO(), boundaries=[3], max_stage=20,
+                                               n=[3, 2], max_wait=3.0),
 }
 
 
@@ -76,8 +86,9 @@ def workloads(draw, max_n: int = 14):
                    requeue=draw(st.sampled_from(["front", "back"])),
                    max_running=draw(st.sampled_from([None, 3])),
                    max_starts_per_round=draw(st.sampled_from([None, 1])))
-    return Requests(s, o, arrival=arrival, predicted_lo=np.minimum(hi, o), predicted_hi=hi), \
-        explicit(kv, block), options
+    types = np.array(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)))
+    return Requests(s, o, arrival=arrival, predicted_lo=np.minimum(hi, o), predicted_hi=hi,
+                    type_id=types), explicit(kv, block), options
 
 
 def both(requests, policy, timing, kv, **options):
@@ -234,6 +245,20 @@ def test_lookahead_decision_twins(make, view, estimates):
     estimate = np.array(estimates[:view.prompt_len.size], dtype=np.int64)
     view = dataclasses.replace(view, predicted_output=estimate)
     policy = make(EvictLIFO())
+    same_batch(compiled_decision(policy, view), policy.decide(view), view)
+
+
+@pytest.mark.parametrize("policy", ["wait", "wait_max_wait", "nested_wait",
+                                    "nested_wait_max_wait"])
+@settings(max_examples=200, deadline=None)
+@given(view=chunking_views(), types=st.lists(st.integers(0, 1), min_size=12, max_size=12),
+       now=st.floats(0.0, 10.0), more=st.booleans())
+def test_wait_decision_twins(policy, view, types, now, more):
+    n = view.prompt_len.size
+    view = dataclasses.replace(view, type_id=np.array(types[:n]), now=now,
+                               arrival=np.linspace(0.0, 8.0, n),
+                               next_arrival=now + 1.0 if more else float("inf"))
+    policy = POLICIES[policy]()
     same_batch(compiled_decision(policy, view), policy.decide(view), view)
 
 

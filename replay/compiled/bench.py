@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 
+from replay.bench import SCENARIOS
 from replay.compiled.driver import compile_kernels, run_compiled, unsupported_reason
 from replay.crosscheck import RATES, Setup
 from replay.engine import Engine, RunResult
@@ -82,7 +83,7 @@ def measure(label: str, overrides: list[str], repeat: int) -> dict:
            "python_us_per_step": 1e6 * best["python"] / steps,
            "compiled_us_per_step": 1e6 * best["compiled"] / steps,
            "speedup": best["python"] / best["compiled"]}
-    print(f"{label:<26}{row['requests']:>8}{steps:>8}{row['python_s']:>10.3f}"
+    print(f"{label:<26.26}{row['requests']:>8}{steps:>8}{row['python_s']:>10.3f}"
           f"{row['compiled_s']:>10.4f}{row['python_us_per_step']:>10.1f}"
           f"{row['compiled_us_per_step']:>10.2f}{row['speedup']:>9.1f}x", flush=True)
     return row
@@ -93,13 +94,29 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1000, help="requests per case")
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     parser.add_argument("--schedulers", default="vllm,sarathi")
+    parser.add_argument("--scenarios", default=None,
+                        help="replay.bench's named scenarios instead of the crosscheck cases "
+                             "(comma-separated, or 'all'): WAIT and Nested WAIT")
+    parser.add_argument("--grid", action="store_true",
+                        help="replay.bench's default grid instead (fcfs, mcsf, vllm, sarathi at "
+                             "50 and 10 requests/s, lmsys_synthetic, linear timing)")
     args = parser.parse_args()
     started = time.perf_counter()
     compiled_in = compile_kernels()
     print(f"compile (or cache load) {compiled_in:.2f} s, in {time.perf_counter() - started:.2f} s")
     print(f"{'case':<26}{'requests':>8}{'steps':>8}{'python s':>10}{'numba s':>10}"
           f"{'py us/st':>10}{'nb us/st':>10}{'speedup':>10}")
-    for label, overrides in crosscheck_cases(args.n, tuple(args.schedulers.split(","))).items():
+    if args.scenarios:
+        names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
+        cases = {name: SCENARIOS[name] for name in names}
+    elif args.grid:
+        cases = {f"{policy} {rate}/s": [
+            "workload=lmsys_synthetic", "timing=linear", f"policy={policy}", "arrivals=poisson",
+            f"arrivals.rate={rate}", f"workload.n={args.n}"]
+            for policy in ("fcfs", "mcsf", "vllm", "sarathi") for rate in (50, 10)}
+    else:
+        cases = crosscheck_cases(args.n, tuple(args.schedulers.split(",")))
+    for label, overrides in cases.items():
         measure(label, overrides, args.repeat)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-VLLM, SARATHI, FCFS, MCSF, PROTECTION = 0, 1, 2, 3, 4
+VLLM, SARATHI, FCFS, MCSF, PROTECTION, WAIT, NESTED_WAIT = 0, 1, 2, 3, 4, 5, 6
 EVICT_LIFO, CLEAR_ALL, CLEAR_WITH_PROB = 0, 1, 2
 ASK_PYTHON = 1
 # vLLM-like parameters (policy_ints)
@@ -367,3 +367,145 @@ def overflow_evict(kind, beta, rng, holders, held_after, n_holders, kv_capacity,
         if freed >= excess:
             break
     return n
+
+
+# ------------------------------------------------------------- WAIT and Nested WAIT
+@njit(cache=True)
+def _first_per_group(keys, limits, n, keep):
+    """replay.staging.first_per_group over ``keys[:n]``: ``keep[k]`` is True for the first
+    ``limits[k]`` elements of each key, in input order."""
+    order = np.argsort(keys[:n], kind="mergesort")
+    rank = 0
+    for i in range(n):
+        j = order[i]
+        if i > 0 and keys[j] != keys[order[i - 1]]:
+            rank = 0
+        keep[j] = rank < limits[j]
+        rank += 1
+
+
+@njit(cache=True)
+def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated, queue, head,
+                tail, running, n_run, start, advance, scratch, scratch2, keep):
+    """policies.wait.Wait.decide. ``params``: the stage-key multiplier, then the per-type
+    thresholds; ``floats``: whether there is a ``max_wait``, and its value."""
+    types = params.size - 1
+    per_stage = params[1:]
+    for q in range(head, tail):
+        if type_id[queue[q]] < 0 or type_id[queue[q]] >= types:
+            return 0, 0, 0, 0, ASK_PYTHON
+    for k in range(n_run):
+        if type_id[running[k]] < 0 or type_id[running[k]] >= types:
+            return 0, 0, 0, 0, ASK_PYTHON
+    count = np.zeros(types, dtype=np.int64)
+    for q in range(head, tail):
+        count[type_id[queue[q]]] += 1
+    ready = count >= per_stage
+    if not more_arrivals:
+        ready[:] = True
+    elif floats[0] != 0.0:
+        cutoff = now - floats[1]
+        for q in range(head, tail):
+            if arrival[queue[q]] < cutoff:
+                ready[type_id[queue[q]]] = True
+        for k in range(n_run):
+            if arrival[running[k]] < cutoff:
+                ready[type_id[running[k]]] = True
+    if not ready.any():
+        return 0, 0, 0, 0, 0
+    taken = np.zeros(types, dtype=np.int64)
+    n_start = 0
+    for q in range(head, tail):
+        rid = queue[q]
+        t = type_id[rid]
+        if ready[t] and taken[t] < per_stage[t]:
+            taken[t] += 1
+            start[n_start] = rid
+            n_start += 1
+    n_active = 0
+    for k in range(n_run):
+        if ready[type_id[running[k]]]:
+            scratch[n_active] = running[k]
+            n_active += 1
+    active = np.sort(scratch[:n_active])
+    keys = scratch  # reused: active is a copy
+    for k in range(n_active):
+        rid = active[k]
+        keys[k] = type_id[rid] * params[0] + generated[rid]
+        scratch2[k] = per_stage[type_id[rid]]
+    _first_per_group(keys, scratch2, n_active, keep)
+    n_adv = 0
+    for k in range(n_active):
+        if keep[k]:
+            advance[n_adv] = active[k]
+            n_adv += 1
+    return n_start, n_adv, 0, 0, 0
+
+
+@njit(cache=True)
+def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, queue, head,
+                       tail, running, n_run, start, advance, scratch, scratch2, keep):
+    """policies.nested_wait.NestedWait.decide. ``params``: the number of segments ``K``, the
+    ``K`` thresholds, then the ``K - 1`` inner stage boundaries; ``floats`` as for WAIT."""
+    segments = params[0]
+    per_stage = params[1:1 + segments]
+    inner = params[1 + segments:]
+    entry = np.zeros(segments, dtype=np.int64)
+    entry[0] = tail - head
+    position = np.searchsorted(inner, generated[running[:n_run]])
+    segment = np.empty(n_run, dtype=np.int64)
+    for k in range(n_run):
+        stage = generated[running[k]]
+        p = position[k]
+        at_entry = inner.size > 0 and inner[min(p, inner.size - 1)] == stage
+        if at_entry:
+            entry[1 + p] += 1
+        segment[k] = p + (1 if at_entry else 0)
+    open_segments = segments
+    for i in range(segments):
+        if entry[i] < per_stage[i]:
+            open_segments = i
+            break
+    if not more_arrivals:
+        open_segments = segments
+    elif floats[0] != 0.0:
+        cutoff = now - floats[1]
+        late = tail > head and arrival[queue[head]] < cutoff
+        for k in range(n_run):
+            if arrival[running[k]] < cutoff:
+                late = True
+        if late:
+            open_segments = segments
+    if open_segments == 0:
+        return 0, 0, 0, 0, 0
+    n_active = 0
+    for k in range(n_run):
+        if segment[k] < open_segments:
+            scratch[n_active] = running[k]
+            n_active += 1
+    order = np.argsort(scratch[:n_active])
+    active = np.empty(n_active, dtype=np.int64)
+    limits = scratch2
+    for k in range(n_active):
+        active[k] = scratch[order[k]]
+    # the segment of each active request, in id order
+    j = 0
+    for k in range(n_run):
+        if segment[k] < open_segments:
+            scratch[j] = segment[k]
+            j += 1
+    for k in range(n_active):
+        limits[k] = per_stage[scratch[order[k]]]
+    stages = np.empty(n_active, dtype=np.int64)
+    for k in range(n_active):
+        stages[k] = generated[active[k]]
+    _first_per_group(stages, limits, n_active, keep)
+    n_adv = 0
+    for k in range(n_active):
+        if keep[k]:
+            advance[n_adv] = active[k]
+            n_adv += 1
+    n_start = min(per_stage[0], tail - head)
+    for k in range(n_start):
+        start[k] = queue[head + k]
+    return n_start, n_adv, 0, 0, 0

@@ -27,9 +27,11 @@ import pandas as pd
 
 from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
+from policies.nested_wait import NestedWait
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
+from policies.wait import Wait
 from replay.compiled import decisions as dec
 from replay.compiled import kernels as k
 from replay.compiled import pricing
@@ -46,7 +48,8 @@ log = logging.getLogger(__name__)
 
 #: Policy classes with a compiled decision (exact classes: a subclass may decide otherwise).
 POLICIES = {VLLMLike: dec.VLLM, SarathiLike: dec.SARATHI, FCFSLookahead: dec.FCFS,
-            MCSF: dec.MCSF, AlphaProtection: dec.PROTECTION}
+            MCSF: dec.MCSF, AlphaProtection: dec.PROTECTION, Wait: dec.WAIT,
+            NestedWait: dec.NESTED_WAIT}
 OVERFLOW_RULES = {EvictLIFO: dec.EVICT_LIFO, ClearAll: dec.CLEAR_ALL,
                   ClearEachWithProb: dec.CLEAR_WITH_PROB}
 TIMINGS = {UnitTiming: pricing.UNIT, LinearTiming: pricing.LINEAR, VidurTiming: pricing.VIDUR}
@@ -101,7 +104,18 @@ def _policy_params(policy, kv_tokens: int, block: int) -> tuple[np.ndarray, np.n
         ints[dec.S_RESERVE] = bool(policy.reserve_prompt)
     elif isinstance(policy, AlphaProtection):
         floats[0] = policy.alpha
-    return ints, floats
+    elif isinstance(policy, Wait | NestedWait):
+        if policy.max_wait is not None:
+            floats = np.array([1.0, policy.max_wait], dtype=np.float64)
+        else:
+            floats = np.zeros(2, dtype=np.float64)
+        thresholds = np.asarray(policy.per_stage, dtype=np.int64)
+        if isinstance(policy, Wait):
+            ints = np.concatenate(([int(policy.output_len.max() + 1)], thresholds))
+        else:
+            inner = np.asarray(policy.edges[1:-1], dtype=np.int64)
+            ints = np.concatenate(([thresholds.size], thresholds, inner))
+    return np.ascontiguousarray(ints, dtype=np.int64), floats
 
 
 def _timing_params(timing):
@@ -170,6 +184,7 @@ class _Run:
                           token_ms, decode_ms, prefill_ms, vidur_ints, self.out_of_range,
                           s.arrival, s.prompt_len, s.output_len,
                           np.ascontiguousarray(s.predicted_output, dtype=np.int64),
+                          np.ascontiguousarray(s.type_id, dtype=np.int64),
                           s.status, s.prefill_len, s.prefilled, s.generated, s.held,
                           s.start_iteration, s.evictions, s.queue_key, s.start_time,
                           s.first_token_time, s.completion_time, s.last_token_time,
@@ -347,6 +362,20 @@ def compiled_decision(policy, view: PolicyView) -> Batch:
                 params, capacity, block, prefill_len, prefilled, held, waiting, 0,
                 waiting.size, running, running.size, start, advance, preempt, chunk_of,
                 chunk_ids, scratch[0], scratch[1])
+        if error:
+            policy.decide(view)  # raises
+    elif kind in (dec.WAIT, dec.NESTED_WAIT):
+        params, floats = _policy_params(policy, capacity, block)
+        args = (params, floats, view.now, view.more_arrivals)
+        tail = (np.ascontiguousarray(view.arrival, dtype=np.float64),
+                np.ascontiguousarray(view.generated, dtype=np.int64), waiting, 0, waiting.size,
+                running, running.size, start, advance, scratch[0], scratch[1],
+                np.zeros(n, dtype=np.bool_))
+        if kind == dec.WAIT:
+            n_start, n_adv, n_pre, _, error = dec.wait_decide(
+                *args, np.ascontiguousarray(view.type_id, dtype=np.int64), *tail)
+        else:
+            n_start, n_adv, n_pre, _, error = dec.nested_wait_decide(*args, *tail)
         if error:
             policy.decide(view)  # raises
     elif kind == dec.PROTECTION:

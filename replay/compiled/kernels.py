@@ -29,14 +29,18 @@ from replay.compiled.decisions import (
     ASK_PYTHON,
     FCFS,
     MCSF,
+    PROTECTION,
     SARATHI,
     VLLM,
+    WAIT,
     blocks,
     lookahead_decide,
+    nested_wait_decide,
     overflow_evict,
     protection_decide,
     sarathi_decide,
     vllm_decide,
+    wait_decide,
 )
 from replay.compiled.pricing import price
 
@@ -274,7 +278,7 @@ def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, 
 @njit(cache=True)
 def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_linear, token_ms,
               decode_ms, prefill_ms, vidur_ints, out_of_range, arrival, prompt_len, output_len,
-              estimate, status, prefill_len, prefilled, generated, held, start_iteration,
+              estimate, type_id, status, prefill_len, prefilled, generated, held, start_iteration,
               evictions, queue_key, start_time, first_token_time, completion_time,
               last_token_time, max_token_gap, ints, now_box, queue, running, log_times,
               log_ints, log_failed, hist_buffer, pending, seg_ends, mc_order, mc_member,
@@ -333,9 +337,18 @@ def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_lin
                 n_start = lookahead_decide(mc_order, length, capacity, block, kv_held,
                                            prompt_len, prefill_len, generated, estimate,
                                            running, n_run, start, scratch, scratch2, scratch3)
-        else:  # PROTECTION
+        elif policy == PROTECTION:
             n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
                                         head, tail, start)
+        elif policy == WAIT:
+            n_start, n_adv, n_pre, n_chunks, error = wait_decide(
+                policy_ints, policy_floats, now, released < n, type_id, arrival, generated,
+                queue, head, tail, running, n_run, start, advance, scratch, scratch2,
+                is_prefill)
+        else:  # NESTED_WAIT
+            n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
+                policy_ints, policy_floats, now, released < n, arrival, generated, queue, head,
+                tail, running, n_run, start, advance, scratch, scratch2, is_prefill)
         if policy != MCSF:
             ints[I_JOINED] = 0
         if error == ASK_PYTHON:
