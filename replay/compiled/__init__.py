@@ -1,14 +1,46 @@
 """The compiled fast path of the replay engine (numba): the same engine, step loop and
 output tables as :meth:`replay.engine.Engine.run`, for the built-in policies that carry a
-compiled decision. See :mod:`replay.compiled.driver`."""
+compiled decision. See :mod:`replay.compiled.driver`.
 
-from replay.compiled.driver import (
-    CompiledRunResult,
-    compile_kernels,
-    run_compiled,
-    supports_compiled,
-    unsupported_reason,
-)
+The ``@njit(cache=True)`` functions are cached on disk, but numba keys a cached function
+by its own source file only: after an edit of :mod:`~replay.compiled.pricing` the step
+loop in :mod:`~replay.compiled.kernels` would load its stale machine code. So the cache
+lives in a folder named by a hash of every source file of this package, under
+``$NUMBA_CACHE_DIR`` if set, else ``~/.cache/kvsched/numba``; numba's own setting is
+restored once the functions are defined (other numba users in the process keep theirs).
+"""
 
-__all__ = ["CompiledRunResult", "compile_kernels", "run_compiled", "supports_compiled",
-           "unsupported_reason"]
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+
+def _cache_dir() -> str:
+    digest = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    root = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kvsched", "numba")
+    return os.path.join(root, f"kvsched-compiled-{digest.hexdigest()[:16]}")
+
+
+_numba_cache_dir = numba.config.CACHE_DIR
+numba.config.CACHE_DIR = _cache_dir()
+try:
+    from replay.compiled.driver import (
+        CompiledRunResult,
+        compile_kernels,
+        compiled_decision,
+        run_compiled,
+        supports_compiled,
+        unsupported_reason,
+    )
+finally:
+    numba.config.CACHE_DIR = _numba_cache_dir
+
+CACHE_DIR = _cache_dir()
+
+__all__ = ["CACHE_DIR", "CompiledRunResult", "compile_kernels", "compiled_decision",
+           "run_compiled", "supports_compiled", "unsupported_reason"]

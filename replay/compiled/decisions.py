@@ -257,23 +257,36 @@ def peak_kv(base, remaining, n, block, order_key):
                     total += blocks(base[j] + c, block) * block
             best = max(best, total)
         return best
+    return _peak_and_checkpoint(base, remaining, n, order_key)[0]
+
+
+@njit(cache=True)
+def _peak_and_checkpoint(base, remaining, n, order_key):
+    """Token-exact peak_kv of ``(base[:n], remaining[:n])`` and a checkpoint where it is
+    reached (checkpoint ``remaining[k]`` holds ``cumsum(base)[k] + (k + 1) * remaining[k]``
+    in descending ``remaining`` order)."""
     for k in range(n):
         order_key[k] = -remaining[k]
     order = np.argsort(order_key[:n])
     best = 0
+    at = 0
     cumulative = 0
     for k in range(n):
         j = order[k]
         cumulative += base[j]
-        best = max(best, cumulative + (k + 1) * remaining[j])
-    return best
+        kv = cumulative + (k + 1) * remaining[j]
+        if kv > best:
+            best, at = kv, remaining[j]
+    return best, at
 
 
 @njit(cache=True)
 def lookahead_decide(candidates, n_cand, kv_capacity, block, kv_held, prompt_len, prefill_len,
-                     generated, estimate, running, n_run, start, base, remaining, order_key):
+                     generated, estimate, running, n_run, start, base, remaining, order_key,
+                     hint, iteration):
     """replay.lookahead.start_admissible over ``candidates[:n_cand]``: how many of them
-    start (written to ``start``)."""
+    start (written to ``start``). ``hint[0]`` is the policy's PeakHint (an absolute
+    iteration where the first candidate last failed; speed only, as in Python)."""
     if n_cand == 0:
         return 0
     if kv_held + n_run + prefill_len[candidates[0]] + 1 > kv_capacity:
@@ -287,18 +300,39 @@ def lookahead_decide(candidates, n_cand, kv_capacity, block, kv_held, prompt_len
     first += n_run
     budget = kv_capacity
     limit = min(n_cand, max(0, (budget - first) // 2) + 1)
-    for k in range(limit):
-        rid = candidates[k]
-        base[n_run + k] = prefill_len[rid]
-        remaining[n_run + k] = max(estimate[rid] - generated[rid], 1)
-    if peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
-        return 0
+    rid = candidates[0]
+    base[n_run] = prefill_len[rid]
+    remaining[n_run] = max(estimate[rid] - generated[rid], 1)
+    if block > 1 or n_run == 0:
+        if peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
+            return 0
+    else:
+        # The hint's checkpoint: the KV there is a lower bound of the peak (kv_at).
+        checkpoint = hint[0] - iteration
+        if checkpoint > 1:
+            excess = -budget
+            for k in range(n_run):
+                if remaining[k] >= checkpoint:
+                    excess += base[k] + checkpoint
+            if checkpoint <= remaining[n_run]:
+                excess += base[n_run] + checkpoint
+            if excess > 0:
+                return 0
+        peak, at = _peak_and_checkpoint(base, remaining, n_run + 1, order_key)
+        if peak > budget:
+            hint[0] = iteration + at
+            return 0
+    # The first one fits; a necessary condition at the first checkpoint bounds the prefix
+    # (only the candidates within it are needed).
     upper = 0
     total = 0
     for k in range(limit):
-        total += base[n_run + k] + 1
+        rid = candidates[k]
+        total += prefill_len[rid] + 1
         if total > budget - first:
             break
+        base[n_run + k] = prefill_len[rid]
+        remaining[n_run + k] = max(estimate[rid] - generated[rid], 1)
         upper += 1
     if upper > 1 and peak_kv(base, remaining, n_run + upper, block, order_key) > budget:
         good, bad = 1, 2

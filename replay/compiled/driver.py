@@ -168,6 +168,7 @@ class _Run:
         self.out_of_range = np.zeros(3, dtype=np.int64)
         self.ints = np.zeros(k.N_INTS, dtype=np.int64)
         self.ints[k.I_NEXT_KEY] = e._next_queue_key
+        self.ints[k.I_HINT] = -1
         self.now = np.zeros(1, dtype=np.float64)
         self.queue = np.zeros(n + 1, dtype=np.int64)
         self.running = np.zeros(n, dtype=np.int64)
@@ -391,7 +392,8 @@ def compiled_decision(policy, view: PolicyView) -> Batch:
                                                                           dtype=np.int64),
                                        prefill_len, np.ascontiguousarray(view.generated,
                                                                          dtype=np.int64),
-                                       estimate, running, running.size, start, *scratch)
+                                       estimate, running, running.size, start, *scratch,
+                                       np.full(1, -1, dtype=np.int64), view.iteration)
     members = np.concatenate((running if n_adv < 0 else advance[:n_adv], start[:n_start]))
     chunks = {int(r): int(chunk_of[r]) for r in members
               if 0 < chunk_of[r] < prefill_len[r] - prefilled[r]}

@@ -52,8 +52,8 @@ STATUS_COMPLETED, STATUS_LIVELOCK, STATUS_STALLED, STATUS_STEP_LIMIT = range(4)
 # ``ints``: the loop's integer variables
 (I_RELEASED, I_ITERATION, I_STEPS, I_IDLE, I_COMPLETED, I_KV_HELD, I_BLOCKS_HELD, I_NEXT_KEY,
  I_QHEAD, I_QTAIL, I_NRUN, I_LOG, I_FILLED, I_PENDING, I_NSEG, I_STATUS, I_DECISIONS, I_M,
- I_MC_LEN, I_JOINED, I_LEFT) = range(21)
-N_INTS = 21
+ I_MC_LEN, I_JOINED, I_LEFT, I_HINT) = range(22)
+N_INTS = 22
 # ``config``: the run's options
 (C_N, C_CAPACITY, C_BLOCK, C_LIVELOCK, C_MAX_STEPS, C_MAX_RUNNING, C_MAX_STARTS, C_RECOMPUTE,
  C_REQUEUE_BACK, C_POLICY, C_OVERFLOW, C_TIMING) = range(12)
@@ -327,7 +327,8 @@ def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_lin
         elif policy == FCFS:
             n_start = lookahead_decide(queue[head:tail], tail - head, capacity, block, kv_held,
                                        prompt_len, prefill_len, generated, estimate, running,
-                                       n_run, start, scratch, scratch2, scratch3)
+                                       n_run, start, scratch, scratch2, scratch3,
+                                       ints[I_HINT:I_HINT + 1], ints[I_ITERATION])
         elif policy == MCSF:
             if tail == head:
                 n_start = 0
@@ -336,7 +337,8 @@ def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_lin
                                     scratch, scratch2)
                 n_start = lookahead_decide(mc_order, length, capacity, block, kv_held,
                                            prompt_len, prefill_len, generated, estimate,
-                                           running, n_run, start, scratch, scratch2, scratch3)
+                                           running, n_run, start, scratch, scratch2, scratch3,
+                                           ints[I_HINT:I_HINT + 1], ints[I_ITERATION])
         elif policy == PROTECTION:
             n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
                                         head, tail, start)
