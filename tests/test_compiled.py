@@ -333,3 +333,16 @@ def test_a_policy_without_a_compiled_decision_is_reported_unsupported():
         assert engine.run().status == "completed"  # the Python path runs it unchanged
     supported = Engine(requests, VLLMLike(EvictLIFO()), UnitTiming(), explicit(50))
     assert supports_compiled(supported) and unsupported_reason(supported) is None
+
+
+def test_the_disk_cache_is_keyed_by_every_module_with_compiled_functions():
+    # numba keys a cached function by its own file only, so the package keys its cache
+    # folder by these modules' sources; a new module of @njit functions must be listed.
+    from pathlib import Path
+
+    import replay.compiled as package
+
+    folder = Path(package.__file__).parent
+    compiled = {path.name for path in folder.glob("*.py")
+                if path.name != "__init__.py" and "\n@njit(" in path.read_text()}
+    assert compiled == set(package._NJIT_MODULES)

@@ -5,7 +5,7 @@ compiled decision. See :mod:`replay.compiled.driver`.
 The ``@njit(cache=True)`` functions are cached on disk, but numba keys a cached function
 by its own source file only: after an edit of :mod:`~replay.compiled.pricing` the step
 loop in :mod:`~replay.compiled.kernels` would load its stale machine code. So the cache
-lives in a folder named by a hash of every source file of this package, under
+lives in a folder named by a hash of the sources of its compiled modules, under
 ``$NUMBA_CACHE_DIR`` if set, else ``~/.cache/kvsched/numba``; numba's own setting is
 restored once the functions are defined (other numba users in the process keep theirs).
 """
@@ -16,11 +16,14 @@ from pathlib import Path
 
 import numba
 
+#: The modules that define @njit functions: their sources key the cache.
+_NJIT_MODULES = ("decisions.py", "kernels.py", "pricing.py")
+
 
 def _cache_dir() -> str:
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    for name in _NJIT_MODULES:
+        digest.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
     root = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "kvsched", "numba")
     return os.path.join(root, f"kvsched-compiled-{digest.hexdigest()[:16]}")
