@@ -94,7 +94,7 @@ def workloads(draw, max_n: int = 14):
 def both(requests, policy, timing, kv, **options):
     def make():
         return Engine(requests, POLICIES[policy](), TIMINGS[timing](), kv,
-                      livelock_window=3000, **options)
+                      livelock_window=500, **options)
 
     python = make().run()
     compiled_engine = make()
@@ -346,3 +346,11 @@ def test_the_disk_cache_is_keyed_by_every_module_with_compiled_functions():
     compiled = {path.name for path in folder.glob("*.py")
                 if path.name != "__init__.py" and "\n@njit(" in path.read_text()}
     assert compiled == set(package._NJIT_MODULES)
+
+
+def test_an_engine_that_has_run_is_refused():
+    requests = Requests(np.array([3, 4]), np.array([2, 2]), arrival=np.zeros(2))
+    engine = Engine(requests, VLLMLike(EvictLIFO()), UnitTiming(), explicit(50))
+    run_compiled(engine)
+    with pytest.raises(ValueError, match="has run already"):
+        run_compiled(engine)

@@ -296,6 +296,9 @@ def run_compiled(engine: Engine) -> CompiledRunResult:
     reason = unsupported_reason(engine)
     if reason is not None:
         raise ValueError(f"no compiled path: {reason}; use Engine.run()")
+    if hasattr(engine, "queue") or np.count_nonzero(engine.status):
+        raise ValueError("run_compiled: the engine has run already; construct a new one "
+                         "(an Engine replays once)")
     compile_time = compile_kernels()
     started = time.perf_counter()
     run = _Run(engine)
