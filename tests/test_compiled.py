@@ -354,3 +354,22 @@ def test_an_engine_that_has_run_is_refused():
     run_compiled(engine)
     with pytest.raises(ValueError, match="has run already"):
         run_compiled(engine)
+
+
+@pytest.mark.parametrize("policy", ["wait", "nested_wait"])
+def test_a_request_of_an_unknown_type_fails_as_on_the_python_path(policy):
+    from replay.errors import ConfigError
+
+    requests = Requests(np.array([3, 4, 2]), np.array([2, 2, 3]), arrival=np.zeros(3),
+                        type_id=np.array([0, 5, 1]))
+    outcomes = []
+    for run in (lambda e: e.run(), run_compiled):
+        engine = Engine(requests, POLICIES[policy](), UnitTiming(), explicit(50))
+        try:
+            outcomes.append(("ok", run(engine).requests))
+        except ConfigError as exc:
+            outcomes.append(("error", str(exc)))
+    if outcomes[0][0] == "error":
+        assert outcomes[1] == outcomes[0]
+    else:  # Nested WAIT does not read types
+        assert outcomes[1][0] == "ok" and outcomes[1][1].equals(outcomes[0][1])

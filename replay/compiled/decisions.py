@@ -421,19 +421,29 @@ def _first_per_group(keys, limits, n, keep):
 @njit(cache=True)
 def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated, queue, head,
                 tail, running, n_run, start, advance, scratch, scratch2, keep):
-    """policies.wait.Wait.decide. ``params``: the stage-key multiplier, then the per-type
-    thresholds; ``floats``: whether there is a ``max_wait``, and its value."""
-    types = params.size - 1
-    per_stage = params[1:]
-    for q in range(head, tail):
-        if type_id[queue[q]] < 0 or type_id[queue[q]] >= types:
-            return 0, 0, 0, 0, ASK_PYTHON
-    for k in range(n_run):
-        if type_id[running[k]] < 0 or type_id[running[k]] >= types:
-            return 0, 0, 0, 0, ASK_PYTHON
+    """policies.wait.Wait.decide. ``params``: the stage-key multiplier, whether every request
+    of the run has one of the policy's types (then the per-step type check is skipped),
+    then the per-type thresholds; ``floats``: whether there is a ``max_wait``, and its
+    value."""
+    types = params.size - 2
+    per_stage = params[2:]
+    if not params[1]:
+        for q in range(head, tail):
+            if type_id[queue[q]] < 0 or type_id[queue[q]] >= types:
+                return 0, 0, 0, 0, ASK_PYTHON
+        for k in range(n_run):
+            if type_id[running[k]] < 0 or type_id[running[k]] >= types:
+                return 0, 0, 0, 0, ASK_PYTHON
+    # Requests at stage 0 per type, counted until every type reaches its threshold.
     count = np.zeros(types, dtype=np.int64)
+    reached = 0
     for q in range(head, tail):
-        count[type_id[queue[q]]] += 1
+        t = type_id[queue[q]]
+        count[t] += 1
+        if count[t] == per_stage[t]:
+            reached += 1
+            if reached == types:
+                break
     ready = count >= per_stage
     if not more_arrivals:
         ready[:] = True
@@ -447,9 +457,15 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
                 ready[type_id[running[k]]] = True
     if not ready.any():
         return 0, 0, 0, 0, 0
+    wanted = 0
+    for t in range(types):
+        if ready[t]:
+            wanted += per_stage[t]
     taken = np.zeros(types, dtype=np.int64)
     n_start = 0
     for q in range(head, tail):
+        if n_start == wanted:
+            break
         rid = queue[q]
         t = type_id[rid]
         if ready[t] and taken[t] < per_stage[t]:
@@ -462,12 +478,26 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
             scratch[n_active] = running[k]
             n_active += 1
     active = np.sort(scratch[:n_active])
-    keys = scratch  # reused: active is a copy
+    # The first per_stage[type] of each stage key (type, generated), oldest first: counted
+    # per key while the keys stay in the table, else ranked by a stable sort.
+    size = types * params[0]
+    counted = np.zeros(size, dtype=np.int64)
+    fits = True
     for k in range(n_active):
         rid = active[k]
-        keys[k] = type_id[rid] * params[0] + generated[rid]
-        scratch2[k] = per_stage[type_id[rid]]
-    _first_per_group(keys, scratch2, n_active, keep)
+        key = type_id[rid] * params[0] + generated[rid]
+        if key >= size:
+            fits = False
+            break
+        keep[k] = counted[key] < per_stage[type_id[rid]]
+        counted[key] += 1
+    if not fits:
+        keys = scratch  # reused: active is a copy
+        for k in range(n_active):
+            rid = active[k]
+            keys[k] = type_id[rid] * params[0] + generated[rid]
+            scratch2[k] = per_stage[type_id[rid]]
+        _first_per_group(keys, scratch2, n_active, keep)
     n_adv = 0
     for k in range(n_active):
         if keep[k]:
@@ -530,10 +560,15 @@ def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, q
             j += 1
     for k in range(n_active):
         limits[k] = per_stage[scratch[order[k]]]
-    stages = np.empty(n_active, dtype=np.int64)
+    # The first per_stage[segment] at each stage, oldest first: a count per stage.
+    top = 0
     for k in range(n_active):
-        stages[k] = generated[active[k]]
-    _first_per_group(stages, limits, n_active, keep)
+        top = max(top, generated[active[k]])
+    counted = np.zeros(top + 1, dtype=np.int64)
+    for k in range(n_active):
+        stage = generated[active[k]]
+        keep[k] = counted[stage] < limits[k]
+        counted[stage] += 1
     n_adv = 0
     for k in range(n_active):
         if keep[k]:

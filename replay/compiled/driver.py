@@ -89,8 +89,14 @@ def _combinable(engine: Engine) -> bool:
     return int(engine.predicted_output.max(initial=0)) < 2 ** 62 // n
 
 
-def _policy_params(policy, kv_tokens: int, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """The policy's parameters as the compiled decisions read them."""
+def _policy_params(policy, kv_tokens: int, block: int, type_id: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The policy's parameters as the compiled decisions read them (``type_id``: every
+    request's type, if known in advance; WAIT then skips its per-step type check)."""
+
+    def all_typed(types: int) -> bool:
+        return type_id is not None and bool(np.all((type_id >= 0) & (type_id < types)))
+
     ints = np.zeros(4, dtype=np.int64)
     floats = np.zeros(1, dtype=np.float64)
     if isinstance(policy, VLLMLike):
@@ -111,7 +117,8 @@ def _policy_params(policy, kv_tokens: int, block: int) -> tuple[np.ndarray, np.n
             floats = np.zeros(2, dtype=np.float64)
         thresholds = np.asarray(policy.per_stage, dtype=np.int64)
         if isinstance(policy, Wait):
-            ints = np.concatenate(([int(policy.output_len.max() + 1)], thresholds))
+            ints = np.concatenate(([int(policy.output_len.max() + 1),
+                                    int(all_typed(thresholds.size))], thresholds))
         else:
             inner = np.asarray(policy.edges[1:-1], dtype=np.int64)
             ints = np.concatenate(([thresholds.size], thresholds, inner))
@@ -162,7 +169,8 @@ class _Run:
         config[k.C_OVERFLOW] = OVERFLOW_RULES[type(policy.overflow)]
         config[k.C_TIMING] = TIMINGS[type(e.timing)]
         self.config = config
-        policy_ints, policy_floats = _policy_params(policy, e.kv.tokens, e.kv.block_size)
+        policy_ints, policy_floats = _policy_params(policy, e.kv.tokens, e.kv.block_size,
+                                                    e.type_id)
         beta = float(getattr(policy.overflow, "beta", 0.0))
         linear, token_ms, decode_ms, prefill_ms, vidur_ints = _timing_params(e.timing)
         self.out_of_range = np.zeros(3, dtype=np.int64)
