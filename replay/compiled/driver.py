@@ -168,6 +168,7 @@ class _Run:
         config[k.C_POLICY] = POLICIES[type(policy)]
         config[k.C_OVERFLOW] = OVERFLOW_RULES[type(policy.overflow)]
         config[k.C_TIMING] = TIMINGS[type(e.timing)]
+        config[k.C_FAST_FORWARD] = bool(e.fast_forward)
         self.config = config
         policy_ints, policy_floats = _policy_params(policy, e.kv.tokens, e.kv.block_size,
                                                     e.type_id)

@@ -42,7 +42,15 @@ from replay.compiled.decisions import (
     vllm_decide,
     wait_decide,
 )
-from replay.compiled.pricing import price
+from replay.compiled.pricing import (
+    LINEAR,
+    V_GRANULARITY,
+    V_MAX_BATCH,
+    V_MAX_TOKENS,
+    VIDUR,
+    price,
+)
+from replay.timing.vidur_tables import TOKEN_ROUNDING
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
 
@@ -56,8 +64,8 @@ STATUS_COMPLETED, STATUS_LIVELOCK, STATUS_STALLED, STATUS_STEP_LIMIT = range(4)
 N_INTS = 22
 # ``config``: the run's options
 (C_N, C_CAPACITY, C_BLOCK, C_LIVELOCK, C_MAX_STEPS, C_MAX_RUNNING, C_MAX_STARTS, C_RECOMPUTE,
- C_REQUEUE_BACK, C_POLICY, C_OVERFLOW, C_TIMING) = range(12)
-N_CONFIG = 12
+ C_REQUEUE_BACK, C_POLICY, C_OVERFLOW, C_TIMING, C_FAST_FORWARD) = range(13)
+N_CONFIG = 13
 # integer iteration columns (``log_ints``), after start_time and duration, before failed
 (L_BATCH, L_STARTED, L_PREFILL, L_DECODE, L_PEAK, L_AFTER, L_COMPLETED, L_EVICTED) = range(8)
 
@@ -353,6 +361,20 @@ def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_lin
                 tail, running, n_run, start, advance, scratch, scratch2, is_prefill)
         if policy != MCSF:
             ints[I_JOINED] = 0
+        # Whether the Python decision promises UNTIL_CHANGE (Batch.steady_steps): it then
+        # repeats until an arrival, a completion or the KV limit.
+        if policy == VLLM:
+            steady = n_adv < 0 and n_start == 0
+        elif policy == SARATHI:
+            steady = n_start == 0 and n_pre == 0 and n_adv == n_run
+        elif policy == FCFS:
+            steady = n_start == 0 and (tail == head or kv_held + n_run
+                                       + prefill_len[queue[head]] + 1 > capacity)
+        elif policy == MCSF:
+            steady = n_start == 0 and (tail == head or kv_held + n_run
+                                       + prefill_len[mc_order[0]] + 1 > capacity)
+        else:
+            steady = False
         if error == ASK_PYTHON:
             now_box[0] = now
             return EXIT_ASK_POLICY
@@ -541,11 +563,105 @@ def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_lin
         ints[I_LOG] = row + 1
         now = end
         ints[I_ITERATION] = iteration + 1
+        if (steady and not folded and config[C_FAST_FORWARD] and decode_only
+                and n_start == 0 and n_evicted == 0 and n_finished == 0):
+            now, folded = decode_stretch(
+                members, m, now, next_arrival, config, ints, output_len, generated, held,
+                last_token_time, max_token_gap, timing_linear, token_ms, decode_ms,
+                vidur_ints, log_times, log_ints, log_failed, hist_buffer, pending, seg_ends,
+                float_scratch)
         if folded:
             now_box[0] = now
             return EXIT_FOLD
     now_box[0] = now
     return EXIT_DONE
+
+
+@njit(cache=True)
+def decode_price(kind, m, context_sum, context_max, linear, token_ms, decode_ms, vidur_ints):
+    """pricing.price of ``m`` decodes whose contexts sum to ``context_sum`` (largest
+    ``context_max``), in O(1): the same operations; NaN where Vidur leaves its profile."""
+    if kind == LINEAR:
+        return linear[0] + linear[1] * (context_sum + m) + linear[2] * 0
+    if kind == VIDUR:
+        if m > vidur_ints[V_MAX_BATCH] or context_max >= vidur_ints[V_MAX_TOKENS]:
+            return np.nan
+        granularity = vidur_ints[V_GRANULARITY]
+        return (token_ms[-(-m // TOKEN_ROUNDING) * TOKEN_ROUNDING]
+                + decode_ms[m, -(-(context_sum // m) // granularity)]) * linear[3]
+    return 1.0
+
+
+@njit(cache=True)
+def decode_stretch(members, m, now, next_arrival, config, ints, output_len, generated, held,
+                   last_token_time, max_token_gap, linear, token_ms, decode_ms, vidur_ints,
+                   log_times, log_ints, log_failed, hist_buffer, pending, seg_ends, gaps):
+    """Engine._fast_forward for a batch of decodes whose decision promises to repeat until a
+    change: the same steps as the loop's, each priced in O(1), up to (not including) the
+    step that completes a request, and stopping before a step that starts at or after
+    ``next_arrival``, would exceed the KV capacity, leaves Vidur's profile, or that the
+    loop's livelock, step-limit or table-size checks would stop; also after a step whose
+    token gaps flushed the histogram's buffer. Returns ``(now, flushed)``."""
+    completing = output_len[members[0]] - generated[members[0]]
+    context_sum = 0
+    context_max = 0
+    for i in range(m):
+        rid = members[i]
+        completing = min(completing, output_len[rid] - generated[rid])
+        context_sum += held[rid]
+        context_max = max(context_max, held[rid])
+    block = config[C_BLOCK]
+    capacity = config[C_CAPACITY]
+    growth = np.zeros(block, dtype=np.int64)  # members by held % block
+    if block > 1:
+        for i in range(m):
+            growth[held[members[i]] % block] += 1
+    done = 0
+    longest = 0.0
+    flushed = False
+    while done < completing - 1:
+        if ints[I_IDLE] > config[C_LIVELOCK] or ints[I_LOG] >= log_failed.size:
+            break
+        if config[C_MAX_STEPS] >= 0 and ints[I_STEPS] >= config[C_MAX_STEPS]:
+            break
+        if now >= next_arrival:
+            break
+        duration = decode_price(config[C_TIMING], m, context_sum + done * m,
+                                context_max + done, linear, token_ms, decode_ms, vidur_ints)
+        if np.isnan(duration):
+            break
+        new_blocks = growth[(-done) % block] if block > 1 else 0
+        peak = ((ints[I_BLOCKS_HELD] + new_blocks) * block if block > 1
+                else ints[I_KV_HELD] + m)
+        if peak > capacity:
+            break
+        end = now + duration
+        gap = end - now
+        for i in range(m):
+            gaps[i] = gap
+        flushed = add_gaps(gaps, m, hist_buffer, pending, seg_ends, ints)
+        longest = max(longest, gap)
+        ints[I_KV_HELD] += m
+        ints[I_BLOCKS_HELD] += new_blocks
+        row = ints[I_LOG]
+        _log(log_times, log_ints, log_failed, row, now, duration, m, 0, 0, m, peak,
+             ints[I_KV_HELD], 0, 0, False)
+        ints[I_LOG] = row + 1
+        ints[I_STEPS] += 1
+        ints[I_ITERATION] += 1
+        ints[I_IDLE] += 1
+        now = end
+        done += 1
+        if flushed:
+            break
+    if done:
+        for i in range(m):
+            rid = members[i]
+            generated[rid] += done
+            held[rid] += done
+            last_token_time[rid] = now
+            max_token_gap[rid] = np.fmax(max_token_gap[rid], longest)
+    return now, flushed
 
 
 @njit(cache=True)
