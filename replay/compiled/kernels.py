@@ -163,23 +163,31 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
         ints[I_NEXT_KEY] += k
         queue_append(queue, ints, victims, k)
     else:
-        # Merge the victims into the queue by key, into a fresh front of the buffer.
+        # Insert each victim at its key's place (the queue is in key order): binary search,
+        # then move the shorter side by one slot (there is room before the head or after
+        # the tail: the buffer holds every request plus one).
         head, tail = ints[I_QHEAD], ints[I_QTAIL]
-        size = tail - head
-        for i in range(size):
-            scratch[i] = queue[head + i]
-        a = 0
-        b = 0
-        out = 0
-        while a < size or b < k:
-            if b >= k or (a < size and queue_key[scratch[a]] < queue_key[victims[b]]):
-                queue[out] = scratch[a]
-                a += 1
+        for i in range(k):
+            rid = victims[i]
+            key = queue_key[rid]
+            lo, hi = head, tail
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if queue_key[queue[mid]] < key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if head > 0 and (lo - head <= tail - lo or tail >= queue.size):
+                for j in range(head, lo):
+                    queue[j - 1] = queue[j]
+                head -= 1
+                queue[lo - 1] = rid
             else:
-                queue[out] = victims[b]
-                b += 1
-            out += 1
-        ints[I_QHEAD], ints[I_QTAIL] = 0, size + k
+                for j in range(tail, lo, -1):
+                    queue[j] = queue[j - 1]
+                queue[lo] = rid
+                tail += 1
+        ints[I_QHEAD], ints[I_QTAIL] = head, tail
     return k
 
 
