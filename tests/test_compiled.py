@@ -28,6 +28,7 @@ from replay.timing import LinearTiming, UnitTiming
 from replay.timing.vidur import VidurTiming
 from replay.timing.vidur_tables import VidurTables
 from tests.test_fast_forward import chunking_views, serving_view
+from tests.test_timing_vidur import cache_dir, timings  # noqa: F401 (fixtures, shared)
 
 TYPES = [{"prompt_len": 4, "output_len": 8, "rate": 1.0},
          {"prompt_len": 10, "output_len": 3, "rate": 0.5}]
@@ -373,3 +374,33 @@ def test_a_request_of_an_unknown_type_fails_as_on_the_python_path(policy):
         assert outcomes[1] == outcomes[0]
     else:  # Nested WAIT does not read types
         assert outcomes[1][0] == "ok" and outcomes[1][1].equals(outcomes[0][1])
+
+
+# --------------------------------------------- the real Vidur tables (a cheap training)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "sarathi_unreserved", "mcsf"])
+def test_compiled_path_on_real_vidur_tables(timings, policy):  # noqa: F811
+    """Crosscheck-like setups (blocks of 16, 1,030 blocks) on the trained 70B tables, with
+    256 requests per batch allowed so that decode batches leave the profile (128)."""
+    rng = np.random.default_rng(7)
+    n = 300
+    s, o = rng.integers(1, 3000, n), rng.integers(1, 1200, n)
+    requests = Requests(s, o, arrival=np.cumsum(rng.exponential(1 / 30, n)))
+    make = {"vllm": lambda: VLLMLike(EvictLIFO(), max_num_seqs=256),
+            "sarathi": lambda: SarathiLike(EvictLIFO(), max_num_seqs=256, reserve_prompt=True),
+            "sarathi_unreserved": lambda: SarathiLike(EvictLIFO(), chunk_size=256),
+            "mcsf": lambda: MCSF(EvictLIFO())}[policy]
+    timing = timings["70b"]
+    counted = dict(timing.out_of_range_batches)
+
+    def engine():
+        return Engine(requests, make(), timing, explicit(1030 * 16, 16),
+                      preemption="recompute")
+
+    python = engine().run()
+    extrapolated = {k: v - counted[k] for k, v in timing.out_of_range_batches.items()}
+    compiled = run_compiled(engine())
+    assert_identical(python, compiled)
+    assert {k: v - counted[k] - extrapolated[k]
+            for k, v in timing.out_of_range_batches.items()} == extrapolated
