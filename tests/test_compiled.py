@@ -404,3 +404,18 @@ def test_compiled_path_on_real_vidur_tables(timings, policy):  # noqa: F811
     assert_identical(python, compiled)
     assert {k: v - counted[k] - extrapolated[k]
             for k, v in timing.out_of_range_batches.items()} == extrapolated
+
+
+@pytest.mark.parametrize("limit", [dict(max_steps=10), dict(livelock_window=7)])
+@pytest.mark.parametrize("policy", ["fcfs", "vllm", "sarathi"])
+def test_the_run_stops_where_the_python_path_stops(policy, limit):
+    # One long decode: a stretch must stop at the step limit or the livelock window.
+    requests = Requests(np.array([4, 3]), np.array([50, 40]), arrival=np.array([0.0, 2.0]))
+
+    def engine():
+        return Engine(requests, POLICIES[policy](), LinearTiming(0.01, 1e-4), explicit(100),
+                      **limit)
+
+    python, compiled = engine().run(), run_compiled(engine())
+    assert_identical(python, compiled)
+    assert compiled.status in ("step_limit", "livelock")
