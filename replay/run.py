@@ -141,8 +141,40 @@ def known_types(cfg: DictConfig, workload) -> dict:
     return {}
 
 
-def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
-    """Instantiate every component of ``cfg`` and replay it."""
+def replay_engine(engine: Engine, compiled: bool = True) -> RunResult:
+    """Run ``engine`` on the compiled step loop when asked and it has one, else on the
+    Python reference loop (same tables, tested byte for byte); ``engine_path`` says which
+    ran and why, or how long the compiled loop took to compile or load from its cache."""
+    if not compiled:
+        result = engine.run()
+        result.engine_path = {"path": "python", "reason": "engine.compiled=false"}
+        return result
+    try:
+        from replay.compiled import run_compiled, unsupported_reason
+    except ImportError as exc:  # numba missing or broken on this machine
+        global _NO_NUMBA_WARNED
+        if not _NO_NUMBA_WARNED:
+            log.warning("numba cannot be imported (%s): replaying on the Python path", exc)
+            _NO_NUMBA_WARNED = True
+        result = engine.run()
+        result.engine_path = {"path": "python", "reason": f"numba unavailable: {exc}"}
+        return result
+    reason = unsupported_reason(engine)
+    if reason is not None:
+        result = engine.run()
+        result.engine_path = {"path": "python", "reason": reason}
+        return result
+    result = run_compiled(engine)
+    result.engine_path = {"path": "compiled", "compile_time_s": result.compile_time_s}
+    return result
+
+
+_NO_NUMBA_WARNED = False
+
+
+def build_engine(cfg: DictConfig) -> tuple[Engine, object, object, Requests]:
+    """The engine ``cfg`` implies, constructed and not yet run, with its workload and
+    timing backend and the requests it replays."""
     register_resolvers()  # a sweep or study worker resolves the config's interpolations too
     kv = instantiate(cfg.kv)
     timing = instantiate(cfg.timing)
@@ -161,7 +193,14 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
                     max_running=cfg.engine.max_running,
                     max_starts_per_round=cfg.engine.get("max_starts_per_round"),
                     fast_forward=cfg.engine.fast_forward)
-    result = engine.run()
+    return engine, workload, timing, requests
+
+
+def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
+    """Instantiate every component of ``cfg`` and replay it."""
+    engine, workload, timing, requests = build_engine(cfg)
+    policy = engine.policy
+    result = replay_engine(engine, cfg.engine.get("compiled", True))
     if hasattr(policy, "describe"):
         result.policy_info = policy.describe()
     if getattr(workload, "types", None) is not None:

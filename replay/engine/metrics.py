@@ -70,6 +70,7 @@ def summarize(result: RunResult) -> dict:
         "livelock_window": result.livelock_window,
         "decision_time_s": result.decision_time_s,
         "n_decisions": result.decisions,
+        "engine_path": result.engine_path,
         "preemption": result.preemption,
         "requeue": result.requeue,
     }
