@@ -343,6 +343,11 @@ def _draw_seed_statistics(stats: pd.DataFrame, out: Path, requeue: str, n_reques
     return save_figure(fig, out, stats, index=True)
 
 
+#: The smallest alpha for which alpha-protection finishes (grid step 0.01), by arrival
+#: rate (requests/s): MC-SF conference paper, 7.1 and 7.2 (the journal's 5.2 agrees).
+PAPER_SMALLEST_ALPHA = {50: 0.21, 10: 0.24}
+
+
 #: The MC-SF journal paper's Appendix, Figures 7-8 (50/s) and 10-11 (10/s): the range of
 #: each alpha/beta-clearing parameter that gives the lowest average latency, by the swept
 #: key's last part and arrival rate (requests/s).
