@@ -343,24 +343,59 @@ def _draw_seed_statistics(stats: pd.DataFrame, out: Path, requeue: str, n_reques
     return save_figure(fig, out, stats, index=True)
 
 
+#: The smallest alpha for which alpha-protection finishes (grid step 0.01), by arrival
+#: rate (requests/s): MC-SF conference paper, 7.1 and 7.2 (the journal's 5.2 agrees).
+PAPER_SMALLEST_ALPHA = {50: 0.21, 10: 0.24}
+
+
+#: The MC-SF journal paper's Appendix, Figures 7-8 (50/s) and 10-11 (10/s): the range of
+#: each alpha/beta-clearing parameter that gives the lowest average latency, by the swept
+#: key's last part and arrival rate (requests/s).
+PAPER_A6_BEST_RANGE = {("alpha", 50): (0.15, 0.25), ("alpha", 10): (0.10, 0.25),
+                       ("beta", 50): (0.05, 0.25), ("beta", 10): (0.05, 0.20)}
+PAPER_A6_FIGURE = {("alpha", 50): 7, ("beta", 50): 8, ("alpha", 10): 10, ("beta", 10): 11}
+
+#: What the A6 axes mean.
+_A6_AXIS = {"alpha": "protection level alpha (fraction of M kept free)",
+            "beta": "clearing probability beta (per running request on overflow)"}
+
+
 def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> list[Path]:
     """EXPERIMENTS.md A6: average latency vs the config value ``x``, one line per value of
-    ``series``, one figure per arrival rate. Livelocked runs are left out of the lines and
-    listed in the CSV."""
+    ``series``, one figure per arrival rate, the paper's best range shaded. Livelocked runs
+    are left out of the lines, counted in the legend and listed in the CSV; a panel with no
+    line of two finished points says so instead of drawing dots."""
     table = sweep_table(sweep_dir, {"x": x, "series": series, "rate": "arrivals.rate"})
     written = []
     short = {name: name.rsplit(".", 1)[-1] for name in (x, series)}
     for rate, group in table.groupby("rate"):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        drawn = 0
         for value, line in group.sort_values("x").groupby("series"):
             done = line[line["status"] == "completed"]
             failed = len(line) - len(done)
-            label = f"{short[series]} = {value:g}" + (f" ({failed} livelocked)" if failed else "")
+            label = f"{short[series]} = {value:g}"
+            if failed == len(line):
+                label += f": livelocked in all {failed} runs (no line)"
+            elif failed:
+                label += f" ({failed} of {len(line)} runs livelocked, left out)"
             ax.plot(done["x"], done["mean_latency"], marker="o", ms=3, label=label)
-        ax.set_xlabel(short[x])
+            drawn += len(done) > 1
+        best = PAPER_A6_BEST_RANGE.get((short[x], int(rate)) if float(rate).is_integer()
+                                       else None)
+        if best:
+            ax.axvspan(*best, color="tab:red", alpha=0.12, label=f"paper: lowest latency for "
+                       f"{short[x]} in [{best[0]:g}, {best[1]:g}] (Figure "
+                       f"{PAPER_A6_FIGURE[(short[x], int(rate))]})")
+        if not drawn:
+            ax.text(0.5, 0.5, f"no {short[series]} has two finished runs:\nno curve to draw "
+                    f"(see the CSV)", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(_A6_AXIS.get(short[x], short[x]))
         ax.set_ylabel("average end-to-end latency (s)")
-        ax.set_title(f"alpha/beta-clearing, arrival rate {rate:g}/s")
-        ax.legend(fontsize=8)
+        n = int(group["n_requests"].max())
+        ax.set_title(f"alpha/beta-clearing, n = {n:,} at {rate:g}/s", fontsize=10)
+        ax.set_ylim(0, None)
+        ax.legend(fontsize=7)
         written.append(save_figure(fig, out_dir / f"latency_vs_{short[x]}_rate{rate:g}.png",
                                    group.rename(columns={"x": x, "series": series})))
     return written

@@ -68,27 +68,67 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
     per = _per_time(table)
     stats = _mean_std(table, ["policy", x], ["throughput", "mean_latency", "evictions",
                                              "throughput_star", "load"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     for policy, line in stats.groupby("policy"):
-        left.errorbar(line[x], line["throughput"], yerr=line["throughput_std"], marker="o",
-                      ms=3, capsize=3, label=policy)
+        unfinished = int(line["not_completed"].sum())
+        label = policy + (f" ({unfinished} of {int(line['seeds'].sum())} runs did not "
+                          f"complete; hollow)" if unfinished else "")
+        bar = left.errorbar(line[x], line["throughput"], yerr=line["throughput_std"],
+                            marker="o", ms=3, capsize=3, label=label)
         right.errorbar(line[x], line["mean_latency"], yerr=line["mean_latency_std"],
-                       marker="o", ms=3, capsize=3, label=policy)
+                       marker="o", ms=3, capsize=3, color=bar[0].get_color(), label=label)
+        bad = line[line["not_completed"] > 0]
+        for ax, metric in ((left, "throughput"), (right, "mean_latency")):
+            ax.scatter(bad[x], bad[metric], s=60, facecolors="white",
+                       edgecolors=bar[0].get_color(), zorder=3)
     star = stats.groupby(x)["throughput_star"].first()
-    left.plot(star.index, star.values, "k--", lw=1, label="Throughput* (fluid)")
+    load = stats.groupby(x)["load"].first()
+    over = load[load > 1]
+    star_label = "Throughput* (fluid)"
+    if x != "total_rate" and len(over) == len(load) and len(load):
+        # On a batch axis the arrival rate is fixed: above the boundary Throughput* is the
+        # offered decode rate, which no policy can reach.
+        star_label = (f"Throughput* (fluid; load {over.min():.2g} > 1: above capacity, "
+                      f"unattainable)")
+    left.plot(star.index, star.values, "k--", lw=1, label=star_label)
     if x == "total_rate":
         boundary = (stats["total_rate"] / stats["load"]).median()
         for ax in (left, right):
             ax.axvline(boundary, color="gray", ls=":", label=f"stability boundary "
                        f"({boundary:,.0f}/{per})")
+        paper = _paper_rate(sweep_dir)
+        if paper is not None:
+            inside = stats[x].min() <= paper <= 1.1 * stats[x].max()
+            for ax in (left, right):
+                # Off the swept range the marker would squash the curves: name it instead.
+                ax.axvline(paper if inside else np.nan, color="tab:red", ls="--", lw=1,
+                           label=f"paper's setting ({paper:,.0f}/{per}"
+                           + (")" if inside else ", off this axis)"))
     for ax, metric in ((left, f"throughput (tokens/{per})"),
                        (right, f"average latency ({'s' if per == 's' else 'rounds'})")):
         ax.set_xlabel({"total_rate": f"total arrival rate (requests/{per})",
                        "batch_limit": "batch limit B (requests in a batch)"}[x])
         ax.set_ylabel(metric)
+        ax.set_ylim(0, None)
         ax.legend(fontsize=7)
-    fig.suptitle(name)
+    if stats[x].nunique() < 2:
+        fig.text(0.5, 0.01, f"only one {x.replace('_', ' ')} was run: no curve",
+                 ha="center", fontsize=8)
+    fig.suptitle(name + ("" if stats["evictions"].fillna(0).any()
+                         else " (no evictions in any run)"))
     return [save_figure(fig, out_dir / f"{x}_sweep{'_' + tag if tag else ''}.png", stats)]
+
+
+def _paper_rate(sweep_dir: Path) -> float | None:
+    """The total arrival rate of the paper's setting: the ``paper`` sweep beside this one."""
+    paper = sweep_dir.parent / "paper"
+    if sweep_dir.name == "paper" or not paper.is_dir():
+        return None
+    try:
+        rates = wait_table(paper)["total_rate"].dropna()
+    except Exception:  # noqa: BLE001 - a missing or odd paper sweep only drops the marker
+        return None
+    return float(rates.median()) if len(rates) else None
 
 
 def plot_policy_bars(sweep_dir: Path, out_dir: Path, name: str,

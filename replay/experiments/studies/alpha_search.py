@@ -31,7 +31,11 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from replay.engine.metrics import summarize  # noqa: E402
 from replay.errors import InputError  # noqa: E402
-from replay.experiments.plots.common import plot_kv_timelines, save_figure  # noqa: E402
+from replay.experiments.plots.common import (  # noqa: E402
+    PAPER_SMALLEST_ALPHA,
+    plot_kv_timelines,
+    save_figure,
+)
 from replay.outputs import append_row, atomic_write_text, drop_partial_last_row, summary_json  # noqa: E402
 from replay.run import build_and_run  # noqa: E402
 
@@ -69,20 +73,31 @@ def smallest_finishing(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_alpha_search(table: pd.DataFrame, thresholds: pd.DataFrame, out: Path) -> Path:
-    """Fraction of requests completed vs alpha, one line per (requeue, rate), thresholds marked."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Fraction of requests completed vs alpha, one line per (requeue, rate), our thresholds
+    (dotted) and the paper's smallest alpha per rate (dashed, "paper") marked."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    colors = {}
     for (requeue, rate), group in table.sort_values("alpha").groupby(["requeue", "rate"]):
-        line, = ax.plot(group["alpha"], group["n_completed"] / group["n_requests"], marker="o",
-                        ms=3, ls="-" if requeue == "front" else "--",
-                        label=f"rate {rate:g}/s, requeue {requeue}")
+        color = colors.setdefault(rate, f"C{len(colors)}")
+        label = f"rate {rate:g}/s, requeue {requeue}"
         found = thresholds.loc[(thresholds["rate"] == rate)
                                & (thresholds["requeue"] == requeue), "finishes_from_alpha"].iloc[0]
         if pd.notna(found):
-            ax.axvline(found, color=line.get_color(), ls=":",
-                       label=f"finishes from alpha = {found:g}")
-    ax.set_xlabel("alpha")
+            ax.axvline(found, color=color, ls=":", lw=1)
+            label += f": finishes from alpha = {found:g}"
+        else:
+            label += ": no grid alpha finishes"
+        ax.plot(group["alpha"], group["n_completed"] / group["n_requests"], marker="o",
+                ms=3, color=color, ls="-" if requeue == "front" else "--", label=label)
+    for rate, alpha in PAPER_SMALLEST_ALPHA.items():
+        if rate in colors:
+            ax.axvline(alpha, color=colors[rate], ls="--", lw=2, alpha=0.5,
+                       label=f"paper: rate {rate:g}/s finishes from alpha = {alpha:g}")
+    ax.set_xlabel("protection level alpha (fraction of M kept free)")
     ax.set_ylabel("fraction of requests completed")
-    ax.set_title("alpha-protection: livelock vs alpha (A7)")
+    ax.set_ylim(0, 1.05)
+    n = int(table["n_requests"].max())
+    ax.set_title(f"alpha-protection: livelock vs alpha, n = {n:,} (A7)", fontsize=10)
     ax.legend(fontsize=7)
     return save_figure(fig, out, table)
 

@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -35,6 +36,7 @@ import pandas as pd  # noqa: E402
 from hydra.errors import InstantiationException  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
+from policies.labels import policy_label  # noqa: E402
 from replay.config import compose_config  # noqa: E402
 from replay.errors import ConfigError, InputError  # noqa: E402
 from replay.experiments.plots.common import save_figure  # noqa: E402
@@ -144,24 +146,52 @@ def summarize(table: pd.DataFrame, fluid: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _policy_label(experiment: str, policy: str) -> str:
+    """The legend label of a ``paper_policy`` option as ``experiment`` composes it."""
+    try:
+        return policy_label(compose_config([f"experiment={experiment}",
+                                            f"paper_policy={policy}"]).policy)
+    except Exception:  # noqa: BLE001 - a label is not worth failing the figure
+        return policy
+
+
 def plot(table: pd.DataFrame, growth_limit: float, out: Path) -> Path:
+    """Per scenario: how much the mean queueing delay grows from the short to the long
+    horizon vs the rate as a fraction of the fluid boundary, one line per policy. Points
+    without a finite growth (a refused or unfinished run) are counted in the legend; a
+    panel without any finite point is replaced by a note."""
     scenarios = list(dict.fromkeys(table["scenario"]))
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.2 * len(scenarios), 3.6),
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.6 * len(scenarios), 3.9),
                              squeeze=False)
     for ax, experiment in zip(axes.flat, scenarios, strict=True):
         part = table[table["scenario"] == experiment]
+        ax.set_title(experiment, fontsize=9)
+        growth_all = part["delay_growth"].replace([np.inf, -np.inf], np.nan)
+        if not (growth_all > 0).any():
+            ax.text(0.5, 0.5, "no rate gave a finite, positive\ndelay growth (see the CSV)",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         for policy, rows in part.groupby("policy", sort=False):
             rows = rows.sort_values("fraction")
-            ax.plot(rows["fraction"], rows["delay_growth"].replace(np.inf, np.nan), "o-", ms=3,
-                    label=policy)
+            growth = rows["delay_growth"].replace([np.inf, -np.inf], np.nan)
+            label = _policy_label(experiment, str(policy))
+            missing = int(growth.isna().sum())
+            if missing:
+                label += f" ({missing} of {len(rows)} rates without a finite growth)"
+            ax.plot(rows["fraction"], growth, "o-", ms=3, label=label)
         ax.axvline(1.0, color="gray", ls=":", label="fluid boundary (load 1)")
-        ax.axhline(growth_limit, color="red", ls="--", lw=0.8, label="growth limit")
+        ax.axhline(growth_limit, color="red", ls="--", lw=0.8,
+                   label=f"growth limit ({growth_limit:g}x): above it, unstable")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(experiment, fontsize=9)
-        ax.set_xlabel("rate / fluid boundary rate")
-        ax.set_ylabel("mean queueing delay, long / short horizon")
-        ax.legend(fontsize=7)
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 3 x 10^0
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("arrival rate / fluid boundary rate (load)")
+        ax.set_ylabel("mean queueing delay, long / short horizon (x)")
+        ax.legend(fontsize=6)
     return save_figure(fig, out, table)
 
 

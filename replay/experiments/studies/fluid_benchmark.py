@@ -118,6 +118,11 @@ def segment_terms(cfg: DictConfig, histogram: pd.Series, settings: list[dict],
     return pd.DataFrame(rows)
 
 
+#: The WAIT paper's Section 7.2: the segment design's total memory is lowest near these
+#: numbers of segments.
+PAPER_BEST_SEGMENTS = (5, 10)
+
+
 def plot_segment_terms(table: pd.DataFrame, out: Path) -> Path:
     """One panel per (rate, horizon, delta): the three terms and their total vs ``L``."""
     settings = table[["rate", "horizon", "delta"]].drop_duplicates().to_dict("records")
@@ -127,11 +132,13 @@ def plot_segment_terms(table: pd.DataFrame, out: Path) -> Path:
     for ax, setting in zip(axes.flat, settings, strict=False):
         part = table[(table["rate"] == setting["rate"]) & (table["horizon"] == setting["horizon"])
                      & (table["delta"] == setting["delta"])]
-        ax.set_title(f"rate {setting['rate']:g}/s, T = {setting['horizon']:g}, "
+        ax.set_title(f"rate {setting['rate']:g}/s, T = {setting['horizon']:g} s, "
                      f"delta = {setting['delta']:g}", fontsize=9)
         if part["total"].isna().all():
             ax.text(0.5, 0.5, "no thresholds meet (16):\nthe fluid load is >= 1 here",
                     ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
             continue
         for term, style, label in (("term1", "o-", "Term 1 (batch)"),
                                    ("term2", "s-", "Term 2 (queues)"),
@@ -142,11 +149,18 @@ def plot_segment_terms(table: pd.DataFrame, out: Path) -> Path:
         best = part.loc[part["total"].replace(np.inf, np.nan).idxmin()]
         ax.axvline(best["segments"], color="gray", ls=":",
                    label=f"minimum at L = {int(best['segments'])}")
+        ax.axvspan(*PAPER_BEST_SEGMENTS, color="tab:red", alpha=0.1,
+                   label=f"paper: lowest near L = {PAPER_BEST_SEGMENTS[0]}-"
+                   f"{PAPER_BEST_SEGMENTS[1]} (7.2)")
+        if part["total"].replace(np.inf, np.nan).notna().sum() < 2:
+            ax.text(0.5, 0.9, "one segment count meets (16): no curve", ha="center",
+                    transform=ax.transAxes, fontsize=7)
         ax.set_xscale("log")
         ax.set_xticks([1, 2, 5, 10, 20, 50, 100], labels=["1", "2", "5", "10", "20", "50", "100"])
         ax.set_xlabel("segments L")
         ax.set_ylabel("memory (token slots)")
-        ax.legend(fontsize=7)
+        ax.set_ylim(0, None)
+        ax.legend(fontsize=6, loc="upper left")
     for ax in list(axes.flat)[len(settings):]:
         ax.set_visible(False)
     return save_figure(fig, out, table)
