@@ -37,12 +37,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from replay.cli import fail
+from replay.cli import fail, run_or_exit
 from replay.config import CONFIG_DIR
 from replay.data import sha256_of
 from replay.experiments.report import build_report, git_describe, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
-from replay.outputs import changed_inputs
+from replay.outputs import changed_inputs, ensure_writable_dir
 from replay.results import TABLE_NAME, collect
 
 REPO = Path(__file__).resolve().parent.parent
@@ -234,6 +234,8 @@ def main() -> None:
     names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
                                                           if t != "report"]
     failed, rows = [], []
+    if names:  # a folder that cannot be written is one error line, before any target runs
+        run_or_exit(ensure_writable_dir, args.outputs)
     for name in names:
         tally, started = Tally(), time.perf_counter()
         try:
@@ -259,12 +261,15 @@ def main() -> None:
                  f"replay.reproduce TARGET...{' --quick' if args.quick else ''} runs them)")
         report_dir = args.report or outputs_root.parent / ("report-quick" if args.quick
                                                            else "report")
-        print(f"wrote {build_report(TARGETS, outputs_root, report_dir, args.quick)}")
+        run_or_exit(ensure_writable_dir, report_dir)
+        print(f"wrote {run_or_exit(build_report, TARGETS, outputs_root, report_dir, args.quick)}")
         results_dir = args.results
         if results_dir is None and not args.quick and (REPO / "docs" / "results").is_dir():
             results_dir = REPO / "docs" / "results"
         if results_dir is not None:
-            for page in write_results_pages(TARGETS, outputs_root, results_dir, args.quick):
+            run_or_exit(ensure_writable_dir, results_dir)
+            for page in run_or_exit(write_results_pages, TARGETS, outputs_root, results_dir,
+                                    args.quick):
                 print(f"wrote {page}")
     if failed:
         fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")

@@ -137,7 +137,10 @@ def test_long_job_folder_names_are_cut_to_a_file_name_with_a_hash_of_the_whole()
 
 
 def test_new_commands_answer_bad_input_with_one_error_line(tmp_path):
+    (tmp_path / "a_file").write_text("in the way")
     for module, args, message in (
+            ("replay.reproduce", ["c3", "--quick", "--outputs", str(tmp_path / "a_file" / "o")],
+             "cannot write"),
             ("replay.reproduce", ["report", "--outputs", str(tmp_path / "none")],
              "no reproduction outputs to report on"),
             ("replay.crosscheck", ["--n", "0", "--out", str(tmp_path / "x")], "at least 1")):
