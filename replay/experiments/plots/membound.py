@@ -68,6 +68,7 @@ def membound_table(sweep_dir: Path) -> pd.DataFrame:
     resolved = [Path(d) if Path(d).is_absolute() else sweep_dir / d for d in run_dirs]
     return pd.DataFrame({
         "policy": policy_labels(runs), "kv_tokens": column("kv_capacity"),
+        "epsilon": column("config.policy.epsilon"),
         "total_rate": rate.astype(float), "seed": runs["config.seed"],
         "status": runs["status"], "n_requests": runs["n_requests"],
         "n_completed": runs["n_completed"], "throughput": runs["throughput_tokens_per_s"],
@@ -102,18 +103,27 @@ def interval_stats(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _row_title(rows: str, value: float) -> str:
+    if rows == "kv_tokens":
+        return f"M = {int(value):,} tokens ({value * 0.5 / 1024:.2g} GiB for 7B)"
+    return f"{rows} = {value:g}"
+
+
 def plot_membound(sweep_dir: Path, out_dir: Path, name: str,
-                  saturation_rate: float | None = None) -> list[Path]:
-    """Per M a row of throughput, mean and p99 latency, evictions and recomputed tokens vs
-    the total rate, one line per policy with 95 % intervals over seeds. With
-    ``saturation_rate`` (the measured S) a top axis shows the rate as a fraction of S."""
+                  saturation_rate: float | None = None, rows: str = "kv_tokens",
+                  file: str = "membound.png") -> list[Path]:
+    """Per M (or per value of ``rows``, e.g. ``epsilon``) a row of throughput, mean and
+    p99 latency, evictions and recomputed tokens vs the total rate, one line per policy
+    with 95 % intervals over seeds. With ``saturation_rate`` (the measured S) a top axis
+    shows the rate as a fraction of S."""
     table = membound_table(Path(sweep_dir))
-    stats = interval_stats(table, ["kv_tokens", "policy", "total_rate"])
-    budgets = sorted(stats["kv_tokens"].dropna().unique())
+    table[rows] = table[rows].fillna(0.0) if rows == "epsilon" else table[rows]
+    stats = interval_stats(table, [rows, "policy", "total_rate"])
+    budgets = sorted(stats[rows].dropna().unique())
     fig, axes = plt.subplots(len(budgets), len(METRICS), squeeze=False,
                              figsize=(3.6 * len(METRICS), 3.0 * len(budgets) + 0.6))
     for row, m in zip(axes, budgets, strict=True):
-        part = stats[stats["kv_tokens"] == m]
+        part = stats[stats[rows] == m]
         for policy, line in part.groupby("policy", sort=True):
             line = line.sort_values("total_rate")
             unfinished = int(line["not_completed"].sum())
@@ -121,9 +131,8 @@ def plot_membound(sweep_dir: Path, out_dir: Path, name: str,
             for ax, metric in zip(row, METRICS, strict=True):
                 ax.errorbar(line["total_rate"], line[metric], yerr=line[f"{metric}_ci95"],
                             marker="o", ms=3, capsize=3, label=label)
-        for ax, (metric, axis_label) in zip(row, METRICS.items(), strict=True):
-            ax.set_title(f"M = {int(m):,} tokens ({m * 0.5 / 1024:.2g} GiB for 7B)",
-                         fontsize=8)
+        for ax, axis_label in zip(row, METRICS.values(), strict=True):
+            ax.set_title(_row_title(rows, m), fontsize=8)
             ax.set_xlabel("total arrival rate (requests/s)")
             ax.set_ylabel(axis_label)
             ax.set_ylim(0, None)
@@ -134,4 +143,4 @@ def plot_membound(sweep_dir: Path, out_dir: Path, name: str,
         row[0].legend(fontsize=7)
     fig.suptitle(f"{name}: means over seeds with 95 % intervals"
                  + (f" (S = {saturation_rate:g} requests/s)" if saturation_rate else ""))
-    return [save_figure(fig, Path(out_dir) / "membound.png", stats)]
+    return [save_figure(fig, Path(out_dir) / file, stats)]
