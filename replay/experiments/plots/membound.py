@@ -66,8 +66,13 @@ def membound_table(sweep_dir: Path) -> pd.DataFrame:
     rate = column("config.workload.total_rate").fillna(column("fluid.total_rate"))
     run_dirs = runs["run_dir"].astype(str)
     resolved = [Path(d) if Path(d).is_absolute() else sweep_dir / d for d in run_dirs]
+    # A WAIT whose thresholds are fitted to a smaller B than the baselines' (its own
+    # policy.batch_limit) is a different policy setting: say so in its label.
+    own_b, shared_b = column("config.policy.batch_limit"), column("config.batch_limit")
+    labels = [label if pd.isna(b) or b == shared else f"{label} (B = {int(b)})"
+              for label, b, shared in zip(policy_labels(runs), own_b, shared_b, strict=True)]
     return pd.DataFrame({
-        "policy": policy_labels(runs), "kv_tokens": column("kv_capacity"),
+        "policy": labels, "kv_tokens": column("kv_capacity"),
         "epsilon": column("config.policy.epsilon"),
         "total_rate": rate.astype(float), "seed": runs["config.seed"],
         "status": runs["status"], "n_requests": runs["n_requests"],
