@@ -71,3 +71,27 @@ def test_b3_epsilon_variant_raises_the_thresholds():
     margin = compose_config(["experiment=b3_nested_lmsys_epsilon", *QUICK])
     assert plain.policy.epsilon == 0 and margin.policy.epsilon > 0
     assert margin.policy._target_ == plain.policy._target_
+
+
+def test_membound_figure_from_a_tiny_sweep(tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from replay.experiments.plots.membound import plot_membound
+    from tests.conftest import REPO
+
+    needs_vidur()
+    sweep = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "-m", "replay", "-m", "experiment=b1_wait_low_membound",
+                           "paper_policy=vllm,wait", "workload.total_rate=150", "kv.tokens=1024",
+                           "workload.duration_s=0.3", "seed=0,1", *QUICK,
+                           f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [png] = plot_membound(sweep, tmp_path / "fig", "B1 low, memory-bound", saturation_rate=300)
+    stats = pd.read_csv(png.with_suffix(".csv"))
+    assert png.is_file() and set(stats["policy"]) == {"vLLM-like", "WAIT"}
+    assert (stats["seeds"] == 2).all()
+    assert {"recomputed_tokens", "recomputed_tokens_ci95", "p99_latency_ci95"} <= set(stats)
+    assert (stats.set_index("policy").loc["vLLM-like", "recomputed_tokens"] > 0)
