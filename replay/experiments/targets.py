@@ -19,6 +19,7 @@ from replay.experiments.plots.common import (
     plot_timescale_variants,
 )
 from replay.experiments.plots.d1 import plot_d1
+from replay.experiments.plots.membound import plot_membound
 from replay.experiments.plots.sorted_f import plot_c2, plot_d2
 from replay.experiments.plots.wait import plot_policy_bars, plot_wait_sweep
 
@@ -140,6 +141,38 @@ D1_QUICK_SWEEPS = {
 
 
 A3_FIGURES = (plot_latency_vs_n_runs, plot_latency_vs_n, plot_kv_of_sweep)
+
+
+#: The WAIT scenarios where memory binds (issue 30): each memory-bound variant with its
+#: saturation rate S under timing=vidur (the capacity study) and its quick overrides.
+MEMBOUND = {
+    "b1_wait_low_membound": ("B1 low demand, memory-bound", 300.0,
+                             ("kv.tokens=1024", "workload.total_rate=150,285",
+                              "workload.duration_s=0.5")),
+    "b1_wait_high_membound": ("B1 high demand, memory-bound", 41.9,
+                              ("kv.tokens=4096", "workload.total_rate=21,39.8",
+                               "workload.duration_s=3")),
+    "b2_nested_membound": ("B2 Nested WAIT, memory-bound", 51.6,
+                           ("kv.tokens=2048", "workload.total_rate=25.8,49",
+                            "workload.duration_s=2")),
+}
+#: B1 low only: WAIT with thresholds fitted to M (its own batch_limit, whose m_pi fits M).
+WAIT_FITTED = {f"wait_fitted_{m}": ("paper_policy=wait", f"kv.tokens={m}",
+                                    f"policy.batch_limit={b}")
+               for m, b in ((1024, 40), (2048, 90), (4096, 200))}
+
+
+def membound_target(name: str, label: str, saturation: float, quick: tuple[str, ...]) -> Target:
+    fitted = name == "b1_wait_low_membound"
+    return Target(
+        f"{label}: throughput, mean and p99 latency, evictions and recomputed tokens per "
+        f"policy vs the total rate (0.5-0.95 of the saturation rate S = {saturation:g}/s "
+        f"measured under timing=vidur) and the KV budget M, 5 seeds, 95 % intervals",
+        (f"experiment={name}",), quick=(*VIDUR_QUICK, "seed=0", *quick),
+        figures=(partial(plot_membound, name=label, saturation_rate=saturation),),
+        needs_data=True, sweeps={"grid": (), **(WAIT_FITTED if fitted else {})},
+        quick_sweeps={"grid": (), **({"wait_fitted_1024": WAIT_FITTED["wait_fitted_1024"]}
+                                     if fitted else {})})
 
 
 TARGETS: dict[str, Target] = {
@@ -276,4 +309,12 @@ TARGETS: dict[str, Target] = {
          "study.simulated_suffix={suffix}"),
         quick=("workload.n=20000", "study.segment_counts=[2,5,10]"), multirun=False,
         figures=(study_figures,)),
+    **{name: membound_target(name, *setting) for name, setting in MEMBOUND.items()},
+    "b3_nested_lmsys_epsilon": Target(
+        "B3 Nested WAIT with the threshold margin: epsilon 0 vs 0.05 on the same seeds and "
+        "rates (55 and 550/s), so that threshold rounding is separated from timing",
+        ("experiment=b3_nested_lmsys_epsilon",),
+        quick=(*VIDUR_QUICK, "seed=0", "workload.duration_s=3"),
+        figures=(partial(plot_membound, name="B3 Nested WAIT, threshold margin", rows="epsilon",
+                         file="epsilon.png"),), needs_data=True),
 }
