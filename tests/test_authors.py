@@ -102,3 +102,47 @@ def test_llama3_8b_vidur_prices_a_batch(tmp_path):
     # Flat past the profile: 1000 decodes cost what 128 do at the same context.
     assert timing.parts(batch([1] * 1000, 150))["decode_attention"] == pytest.approx(
         timing.parts(batch([1] * 128, 150))["decode_attention"], rel=1e-12)
+
+
+def test_authors_throughput_on_a_hand_made_iteration_table():
+    from replay.experiments.authors import authors_throughput
+
+    iterations = pd.DataFrame({
+        "start_time": [0.0, 1.0, 2.0, 3.0, 3.5],
+        "duration":   [1.0, 1.0, 1.0, 0.5, 1.5],
+        "batch_size": [3, 5, 4, 7, 2],
+        "failed":     [False, False, False, True, False],
+    })
+    # Batch ends 1, 2, 3, (3.5 failed: ran nothing), 5: over the span to 5 s, (3+5+4+2)/5.
+    assert authors_throughput(iterations) == pytest.approx(14 / 5)
+    # By T = 2.5 s only the batches ending at 1 and 2 count: (3 + 5) / 2.5.
+    assert authors_throughput(iterations, 2.5) == pytest.approx(8 / 2.5)
+    # A batch counts at its end, not its start: at T = 2.99 the third is still running.
+    assert authors_throughput(iterations, 2.99) == pytest.approx(8 / 2.99)
+    # Past the end the count stays and T keeps growing (their curve decays as 1/T).
+    assert authors_throughput(iterations, 10.0) == pytest.approx(14 / 10)
+    assert authors_throughput(iterations.iloc[:0]) == 0.0
+    with pytest.raises(ValueError, match="horizon"):
+        authors_throughput(iterations, 0.0)
+
+
+def test_cap_table_reads_a_run_folder(tmp_path):
+    import json
+
+    from replay.experiments.authors import cap_table
+
+    run = tmp_path / "paper_policy=wait,batch_limit=100"
+    run.mkdir()
+    pd.DataFrame({"start_time": [0.0, 1.0], "duration": [1.0, 1.0], "batch_size": [2, 1],
+                  "failed": [False, False]}).to_parquet(run / "iterations.parquet")
+    (run / "summary.json").write_text(json.dumps({
+        "status": "completed", "n_requests": 2, "n_completed": 2, "makespan": 2.0,
+        "throughput_tokens_per_s": 1.5, "throughput_requests_per_s": 1.0,
+        "config": {"policy": {"_target_": "policies.wait.Wait"}, "batch_limit": 100,
+                   "seed": 42}}))
+    table = cap_table(tmp_path, horizons=(1.0,))
+    row = table.iloc[0]
+    assert (row["policy"], row["cap"], row["max_batch"]) == ("WAIT", 100, 2)
+    assert row["authors_at_end"] == pytest.approx(1.5)
+    assert row["authors_at_1s"] == pytest.approx(2.0)
+    assert row["ours_tokens_per_s"] == 1.5
