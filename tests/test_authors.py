@@ -146,3 +146,9 @@ def test_cap_table_reads_a_run_folder(tmp_path):
     assert row["authors_at_end"] == pytest.approx(1.5)
     assert row["authors_at_1s"] == pytest.approx(2.0)
     assert row["ours_tokens_per_s"] == 1.5
+    from replay.experiments.authors import table_figure
+
+    written = table_figure(tmp_path, tmp_path / "figures")
+    assert [p.name for p in written] == ["b1_authors_metric.csv"]
+    assert pd.read_csv(written[0])["policy"].tolist() == ["WAIT"]
+    assert table_figure(tmp_path / "figures", tmp_path / "none") == []

@@ -91,6 +91,18 @@ def cap_table(sweep_dir: Path, horizons=(PUBLISHED_HORIZON_S,)) -> pd.DataFrame:
     return table.sort_values(["policy", "cap", "seed"], kind="stable").reset_index(drop=True)
 
 
+def table_figure(runs_dir: Path, out_dir: Path) -> list[Path]:
+    """A reproduction target's ``figures`` hook: the per-cap table of ``runs_dir`` as
+    ``out_dir/b1_authors_metric.csv`` (none if no run finished)."""
+    table = cap_table(Path(runs_dir))
+    if table.empty:
+        return []
+    out = Path(out_dir) / "b1_authors_metric.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.drop(columns=["run_dir"]).to_csv(out, index=False)
+    return [out]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path, nargs="?",

@@ -12,9 +12,9 @@ frameworks ("collections"): vLLM 0.14.0 (FlashAttention), SGLang 0.5.10
   whose KV cache holds ``isl + step`` tokens (``isl`` is 1).
 
 Latencies are milliseconds per layer. This module reads the rows for 32 query
-heads of width 128, the per-GPU shape of both Llama-2-70B at TP 2 (4 KV heads)
-and Llama-2-7B at TP 1 (32 KV heads), so that each collection measures how the
-same kernel's time changes with the number of KV heads alone. How the 7B table
+heads of width 128, the per-GPU shape of Llama-2-70B at TP 2 (4 KV heads),
+Llama-3-8B at TP 1 (8) and Llama-2-7B at TP 1 (32), so that each collection
+measures how the same kernel's time changes with the number of KV heads alone. How the 7B table
 uses them, and why, is in :mod:`replay.timing.attention_7b`.
 """
 
