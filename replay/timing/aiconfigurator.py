@@ -12,9 +12,9 @@ frameworks ("collections"): vLLM 0.14.0 (FlashAttention), SGLang 0.5.10
   whose KV cache holds ``isl + step`` tokens (``isl`` is 1).
 
 Latencies are milliseconds per layer. This module reads the rows for 32 query
-heads of width 128, the per-GPU shape of both Llama-2-70B at TP 2 (4 KV heads)
-and Llama-2-7B at TP 1 (32 KV heads), so that each collection measures how the
-same kernel's time changes with the number of KV heads alone. How the 7B table
+heads of width 128, the per-GPU shape of Llama-2-70B at TP 2 (4 KV heads),
+Llama-3-8B at TP 1 (8) and Llama-2-7B at TP 1 (32), so that each collection
+measures how the same kernel's time changes with the number of KV heads alone. How the 7B table
 uses them, and why, is in :mod:`replay.timing.attention_7b`.
 """
 
@@ -35,7 +35,7 @@ COLLECTIONS = ("vllm/0.14.0", "sglang/0.5.10", "trtllm/1.0.0")
 TABLES = {"prefill": "context_attention_perf.parquet",
           "decode": "generation_attention_perf.parquet"}
 Q_HEADS, HEAD_DIM = 32, 128
-KV_HEADS = (4, 32)   # Llama-2-70B per GPU at TP 2; Llama-2-7B at TP 1
+KV_HEADS = (4, 8, 32)   # Llama-2-70B per GPU at TP 2; Llama-3-8B and Llama-2-7B at TP 1
 
 
 def attention_dir() -> Path:
@@ -61,10 +61,10 @@ def table_paths(phase: str) -> dict[str, Path]:
 
 
 def load(phase: str) -> pd.DataFrame:
-    """Rows with 32 query heads x 128 and 4 or 32 KV heads, one column per KV-head count.
+    """Rows with 32 query heads x 128 and 4, 8 or 32 KV heads, one column per KV-head count.
 
     Index: ``collection``, ``batch_size`` and ``tokens`` (the prompt length for a
-    prefill, the cached tokens for a decode); columns ``kv4`` and ``kv32`` in ms per
+    prefill, the cached tokens for a decode); columns ``kv4``, ``kv8`` and ``kv32`` in ms per
     layer; a cell one of them lacks is NaN (vLLM's decode table stops at 8 KV heads).
     """
     frames = []
@@ -83,22 +83,26 @@ def load(phase: str) -> pd.DataFrame:
     return table
 
 
-def prefill_kv_head_ratio() -> tuple[np.ndarray, np.ndarray]:
-    """Measured (32 KV heads / 4 KV heads) prefill time of one sequence, by its length.
+def prefill_kv_head_ratio(kv_heads: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Measured (``kv_heads`` KV heads / 4 KV heads) prefill time of one sequence, by its
+    length (32 for Llama-2-7B at TP 1, 8 for Llama-3-8B).
 
     The median over the three collections at each length, so that no one
     framework's kernel choice decides it. Returns ``(lengths, ratios)``.
     """
+    if kv_heads not in KV_HEADS:
+        raise ConfigError(f"{PACKAGE} prefill tables are read for {KV_HEADS} KV heads per GPU, "
+                          f"not {kv_heads}")
     table = load("prefill")
     single = table.xs(1, level="batch_size")
-    ratio = (single["kv32"] / single["kv4"]).groupby(level="tokens").median()
+    ratio = (single[f"kv{kv_heads}"] / single["kv4"]).groupby(level="tokens").median()
     ratio = ratio[ratio.index >= 16]   # a 1-token "prefill" is a decode in Vidur's model
     return ratio.index.to_numpy(np.int64), ratio.to_numpy(float)
 
 
 def decode_batch_scaling(kv_heads: int, edge: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Measured decode-attention time of ``B`` sequences over that of ``edge`` sequences at
-    the same cached length, for ``kv_heads`` KV heads per GPU (4 or 32).
+    the same cached length, for ``kv_heads`` KV heads per GPU (4, 8 or 32).
 
     Returns ``(lengths, batch_sizes, ratio)`` with ``ratio[i, k]`` the median over the
     collections at ``lengths[i]`` cached tokens and ``batch_sizes[k] >= edge`` (so

@@ -1,4 +1,11 @@
-"""A Llama-2-7B (TP 1) attention profile for A100, derived from the real 70B (TP 2) profile.
+"""Attention profiles for A100 derived from the real Llama-2-70B (TP 2) profile.
+
+Written for Llama-2-7B (TP 1) and generalised to any target in ``TARGET_SHAPES``
+with 32 query heads of width 128 per GPU: Llama-3-8B (TP 1, 8 KV heads, GQA) is
+derived the same way, with 8 KV heads in place of 32 (4096 K+V bytes per cached
+token instead of 16384, and the measured 8/4 KV-head prefill ratio). The module
+keeps its name; what follows is written for 7B and holds for 8B with those two
+numbers changed (``docs/timing.md``, "The Llama-3-8B attention table").
 
 Vidur's measured 7B attention table is not available offline (Git LFS only), so
 this module writes one in Vidur's ``attention.csv`` format from the closest real
@@ -52,8 +59,14 @@ DTYPE_BYTES = 2
 HEAD_DIM = 128
 SOURCE_SHAPE = {"model": "meta-llama/Llama-2-70b-hf", "tensor_parallel": 2, "n_embd": 8192,
                 "n_q_head": 64, "n_kv_head": 8}
-TARGET_SHAPE = {"model": "meta-llama/Llama-2-7b-hf", "tensor_parallel": 1, "n_embd": 4096,
-                "n_q_head": 32, "n_kv_head": 32}
+TARGET_SHAPES = {
+    "meta-llama/Llama-2-7b-hf": {"model": "meta-llama/Llama-2-7b-hf", "tensor_parallel": 1,
+                                 "n_embd": 4096, "n_q_head": 32, "n_kv_head": 32},
+    # GQA: 8 KV heads of 128 per GPU at TP 1 (Vidur's Llama3_8BModelConfig).
+    "meta-llama/Meta-Llama-3-8B": {"model": "meta-llama/Meta-Llama-3-8B", "tensor_parallel": 1,
+                                   "n_embd": 4096, "n_q_head": 32, "n_kv_head": 8},
+}
+TARGET_SHAPE = TARGET_SHAPES["meta-llama/Llama-2-7b-hf"]   # the original (and default) target
 DECODE_STATS = [f"time_stats.attn_decode.{stat}" for stat in ("min", "max", "mean", "median")]
 PREFILL_STATS = [f"time_stats.attn_prefill.{stat}" for stat in ("min", "max", "mean", "median")]
 
@@ -99,14 +112,24 @@ def prefill_scale(chunk: np.ndarray, cached: np.ndarray, lengths: np.ndarray,
     return np.interp(np.log(equivalent), np.log(lengths), ratios)
 
 
-def derive(profile: pd.DataFrame, prefill_ratio: tuple[np.ndarray, np.ndarray]
-           ) -> tuple[pd.DataFrame, dict]:
-    """The 7B TP 1 table and the constants it was made with.
+def target_shape(model: str) -> dict | None:
+    """The per-GPU shape a derived table is made for, or None if ``model`` has none."""
+    return TARGET_SHAPES.get(model)
 
-    ``prefill_ratio`` is ``(lengths, ratios)``: the measured 32/4 KV-head time
-    ratio of a one-sequence prefill
-    (:func:`replay.timing.aiconfigurator.prefill_kv_head_ratio`).
+
+def derive(profile: pd.DataFrame, prefill_ratio: tuple[np.ndarray, np.ndarray],
+           target: dict = TARGET_SHAPE) -> tuple[pd.DataFrame, dict]:
+    """The ``target`` table (default Llama-2-7B TP 1) and the constants it was made with.
+
+    ``prefill_ratio`` is ``(lengths, ratios)``: the measured (target KV heads)/4
+    KV-head time ratio of a one-sequence prefill
+    (:func:`replay.timing.aiconfigurator.prefill_kv_head_ratio` with
+    ``kv_heads = target["n_kv_head"] // target["tensor_parallel"]``).
     """
+    if target["n_q_head"] // target["tensor_parallel"] != (SOURCE_SHAPE["n_q_head"]
+                                                           // SOURCE_SHAPE["tensor_parallel"]):
+        raise ValueError("attention_7b: the target must run as many query heads per GPU as "
+                         "the source (32), so that only the KV heads differ")
     rows = _source_rows(profile).copy()
     decode = ~rows["is_prefill"].astype(bool)
     bandwidth, mape = fit_decode_bandwidth(rows[decode])
@@ -114,7 +137,7 @@ def derive(profile: pd.DataFrame, prefill_ratio: tuple[np.ndarray, np.ndarray]
     if bandwidth_gbps > A100_80GB_PEAK_BANDWIDTH_GBPS:
         raise ValueError(f"attention_7b: fitted decode bandwidth {bandwidth_gbps:.0f} GB/s "
                          f"exceeds the A100's peak; the source profile is not A100 decode data")
-    extra_bytes = kv_bytes_per_token(TARGET_SHAPE) - kv_bytes_per_token(SOURCE_SHAPE)
+    extra_bytes = kv_bytes_per_token(target) - kv_bytes_per_token(SOURCE_SHAPE)
     extra_ms = (rows.loc[decode, "batch_size"] * rows.loc[decode, "kv_cache_size"]
                 * extra_bytes / bandwidth)
     for column in DECODE_STATS:
@@ -124,15 +147,15 @@ def derive(profile: pd.DataFrame, prefill_ratio: tuple[np.ndarray, np.ndarray]
                           rows.loc[~decode, "kv_cache_size"].to_numpy(float), lengths, ratios)
     for column in PREFILL_STATS:
         rows.loc[~decode, column] = rows.loc[~decode, column] * scale
-    rows["n_embd"] = TARGET_SHAPE["n_embd"]
-    rows["n_q_head"] = TARGET_SHAPE["n_q_head"]
-    rows["n_kv_head"] = TARGET_SHAPE["n_kv_head"]
-    rows["num_tensor_parallel_workers"] = TARGET_SHAPE["tensor_parallel"]
+    rows["n_embd"] = target["n_embd"]
+    rows["n_q_head"] = target["n_q_head"]
+    rows["n_kv_head"] = target["n_kv_head"]
+    rows["num_tensor_parallel_workers"] = target["tensor_parallel"]
     constants = {
         "method_version": METHOD_VERSION,
-        "source": SOURCE_SHAPE, "target": TARGET_SHAPE,
+        "source": SOURCE_SHAPE, "target": target,
         "kv_bytes_per_token_source": kv_bytes_per_token(SOURCE_SHAPE),
-        "kv_bytes_per_token_target": kv_bytes_per_token(TARGET_SHAPE),
+        "kv_bytes_per_token_target": kv_bytes_per_token(target),
         "decode_bandwidth_GBps": round(bandwidth_gbps, 3),
         "decode_bandwidth_fit_mape": round(mape, 4),
         "a100_peak_bandwidth_GBps": A100_80GB_PEAK_BANDWIDTH_GBPS,
@@ -146,13 +169,18 @@ def derive(profile: pd.DataFrame, prefill_ratio: tuple[np.ndarray, np.ndarray]
 
 def provenance(constants: dict, source_record: dict, table_record: dict,
                kernel_tables: dict) -> dict:
+    target = constants.get("target", TARGET_SHAPE)
+    name = target["model"].split("/")[-1]
+    kv = target["n_kv_head"] // target["tensor_parallel"]
     return {
-        "what": "Llama-2-7B TP1 A100 attention table derived from the measured Llama-2-70B TP2 "
-                "attention profile (no measured 7B attention profile available)",
-        "method": "prefill rows x measured 32/4 KV-head prefill time ratio (median of the "
-                  "vLLM, SGLang and TensorRT-LLM A100 kernel tables of aiconfigurator-core); "
-                  "decode rows + B*kv*(16384-2048) bytes / fitted decode bandwidth "
-                  "(replay/timing/attention_7b.py)",
+        "what": f"{name} TP{target['tensor_parallel']} A100 attention table derived from the "
+                f"measured Llama-2-70B TP2 attention profile (no measured {name} attention "
+                f"profile available)",
+        "method": f"prefill rows x measured {kv}/4 KV-head prefill time ratio (median of the "
+                  f"vLLM, SGLang and TensorRT-LLM A100 kernel tables of aiconfigurator-core); "
+                  f"decode rows + B*kv*({kv_bytes_per_token(target)}-"
+                  f"{kv_bytes_per_token(SOURCE_SHAPE)}) bytes / fitted decode bandwidth "
+                  f"(replay/timing/attention_7b.py)",
         "constants": constants,
         "source_file": source_record,
         "table_file": table_record,

@@ -153,38 +153,48 @@ class VidurTiming:
                                       fetch_hint("all_reduce", spec.model_name, spec.device,
                                                  spec.network_device))
         measured = paths["attention"]
-        derivable = spec.model_name == attention_7b.TARGET_SHAPE["model"]
+        target = attention_7b.target_shape(spec.model_name)
+        derivable = target is not None and target["tensor_parallel"] == spec.tensor_parallel
         if attention == "profile" or (attention == "auto"
                                       and (measured.is_file() or not derivable)):
             files = ProfileFiles(mlp, require_file(
                 measured, fetch_hint("attention", spec.model_name, spec.device)), all_reduce)
             return files, {"source": "measured Vidur profile", "file": file_record(measured)}
         if not derivable:
+            known = ", ".join(f"{m} (TP {t['tensor_parallel']})"
+                              for m, t in attention_7b.TARGET_SHAPES.items())
             raise ConfigError(f"timing.attention=derived: a derived attention table exists "
-                             f"only for {attention_7b.TARGET_SHAPE['model']}, not "
-                             f"{spec.model_name}")
+                             f"only for {known}, not {spec.model_name} at TP "
+                             f"{spec.tensor_parallel}")
         source_model = attention_7b.SOURCE_SHAPE["model"]
+        name = spec.model_name.split("/")[-1]
         source = require_file(profile_paths(profile_dir, source_model, spec.device)["attention"],
                               fetch_hint("attention", source_model, spec.device)
-                              + " (needed to derive the Llama-2-7B attention table)")
-        derived, provenance = self._derive_7b_attention(source)
-        log.warning("timing.vidur: no measured attention profile at %s; using the 7B table "
-                    "derived from %s (%s)", measured, source, provenance["method"])
+                              + f" (needed to derive the {name} attention table)")
+        derived, provenance = self._derive_attention(source, target)
+        log.warning("timing.vidur: no measured attention profile at %s; using the %s table "
+                    "derived from %s (%s)", measured, name, source, provenance["method"])
         return ProfileFiles(mlp, derived, all_reduce), provenance
 
-    def _derive_7b_attention(self, source: Path) -> tuple[Path, dict]:
+    def _derive_attention(self, source: Path, target: dict) -> tuple[Path, dict]:
         source_record = file_record(source)
         kernel_tables = aiconfigurator.provenance()
-        out_dir = self.cache_dir / "attention_7b" / _sha256_json(
-            [attention_7b.METHOD_VERSION, source_record["sha256"],
-             sorted(f["sha256"] for f in kernel_tables["files"].values())])[:16]
+        key = [attention_7b.METHOD_VERSION, source_record["sha256"],
+               sorted(f["sha256"] for f in kernel_tables["files"].values())]
+        if target == attention_7b.TARGET_SHAPE:
+            folder = "attention_7b"        # where the 7B tables have always been cached
+        else:
+            folder = f"attention_{target['model'].split('/')[-1]}"
+            key.append(target)
+        out_dir = self.cache_dir / folder / _sha256_json(key)[:16]
         table = out_dir / "attention.csv"
         constants_file = out_dir / "constants.json"
         out_dir.mkdir(parents=True, exist_ok=True)
         with fasteners.InterProcessLock(str(out_dir / ".lock")):
             if not (table.is_file() and constants_file.is_file()):
-                rows, constants = attention_7b.derive(pd.read_csv(source),
-                                                      aiconfigurator.prefill_kv_head_ratio())
+                kv_heads = target["n_kv_head"] // target["tensor_parallel"]
+                rows, constants = attention_7b.derive(
+                    pd.read_csv(source), aiconfigurator.prefill_kv_head_ratio(kv_heads), target)
                 tmp = out_dir / ".attention.csv.tmp"
                 rows.to_csv(tmp, index=False)
                 tmp.replace(table)

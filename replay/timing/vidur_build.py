@@ -104,6 +104,11 @@ def _quiet_vidur_logs():
             handler.removeFilter(notice)
 
 
+# The HuggingFace id (the profile folder, the model config's hf_id) where vidur 0.0.26's
+# model registry spells the model differently (Llama38BModelConfig.get_name()).
+VIDUR_MODEL_NAMES = {"meta-llama/Meta-Llama-3-8B": "meta-llama/Llama-3-8B"}
+
+
 def build_predictor(spec: PredictorSpec, files: ProfileFiles,
                     work_dir: Path) -> SklearnExecutionTimePredictor:
     """Train (or load from Vidur's own cache in ``work_dir``) Vidur's predictor for ``spec``."""
@@ -125,7 +130,9 @@ def build_predictor(spec: PredictorSpec, files: ProfileFiles,
         use_native_execution_time_predictor=False,
         **spec.search_grid(),
     )
-    replica_config = ReplicaConfig(model_name=spec.model_name, num_pipeline_stages=1,
+    replica_config = ReplicaConfig(model_name=VIDUR_MODEL_NAMES.get(spec.model_name,
+                                                                    spec.model_name),
+                                   num_pipeline_stages=1,
                                    tensor_parallel_size=spec.tensor_parallel, device=spec.device,
                                    network_device=spec.network_device)
     arguments = {"files": files, "predictor_config": predictor_config,
