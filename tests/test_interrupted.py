@@ -21,8 +21,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 #: Results that do not depend on how the run went (wall times and paths do).
-VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "config", "packages", "input_files",
-            "timing"}
+VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "compile_time_s", "config",
+            "packages", "input_files", "timing"}
 SWEEP = ["-m", "policy=fcfs,mcsf,protection", "seed=0,1", "workload.n=300",
          "arrivals.rate=50", "kv.tokens=3000"]
 STUDY = ["experiment=mcsf_vs_opt_offline_small", "study.workers=1", "study.progress=false",

@@ -19,8 +19,8 @@ SWEEP = ("-m", "experiment=c3_example", "policy=fcfs,mcsf,sorted_f",
          "output_len:2}],[{count:21,prompt_len:1,output_len:2},{count:1,prompt_len:63,"
          "output_len:1}]")
 #: What may differ between launchers: wall-clock times and the run's own record of them.
-VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "policy_info", "config", "input_files",
-            "packages"}
+VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "compile_time_s", "policy_info",
+            "config", "input_files", "packages"}
 
 
 def sweep_results(sweep_dir) -> dict:

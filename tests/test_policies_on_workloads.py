@@ -13,7 +13,8 @@ def replay_a3_small(*overrides: str) -> dict:
     cfg = compose_config(["experiment=a3_small", *overrides])
     result, _, _ = build_and_run(cfg)
     summary = summarize(result)
-    assert summary.pop("decision_time_s") > 0
+    # Decisions are timed apart on the Python loop only (the compiled loop reports 0).
+    assert (summary.pop("decision_time_s") > 0) == (summary["engine_path"]["path"] == "python")
     return summary
 
 

@@ -93,8 +93,8 @@ class RunResult:
     timing_time_s: float = 0.0
     loop_time_s: float = 0.0
     decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
-    #: Which step loop ran: ``{"path": "python" | "compiled", ...}`` with the reason the
-    #: compiled one did not, or its compile (cache-load) time (set by :mod:`replay.run`).
+    #: Which step loop ran: ``{"path": "python" | "compiled"}``, with the ``reason`` the
+    #: compiled one did not (set by :mod:`replay.run`).
     engine_path: dict | None = None
 
 
