@@ -106,6 +106,9 @@ def test_a_run_prints_a_summary_for_people_on_stderr_and_json_last_on_stdout(tmp
                   "throughput", f"run folder  {tmp_path / 'run'}"):
         assert label in proc.stderr
     assert f"mean {summary['mean_ttft'] * 1e3:,.1f} ms" in proc.stderr
+    again = run_cli("workload.n=50", f"hydra.run.dir={tmp_path / 'run'}")  # logs "skipping"
+    assert "skipping" in again.stderr  # log lines go to stderr: stdout is the summary alone
+    assert len(again.stdout.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
