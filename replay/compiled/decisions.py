@@ -169,13 +169,8 @@ def sarathi_decide(params, kv_capacity, block, prefill_len, prefilled, held, que
     n_chunks = 0
     for i in range(n_prefilling):
         rid = scratch2[i]
-        chunk = _sarathi_chunk(rid, free, not reserve, budget, block, prefill_len, prefilled,
-                               held)
-        if chunk > 0:
-            budget, free = _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len,
-                                         prefilled, held, chunk_of)
-            chunk_ids[n_chunks] = rid
-            n_chunks += 1
+        budget, free, n_chunks = _sarathi_offer(rid, budget, free, reserve, block, prefill_len,
+                                                prefilled, held, chunk_of, chunk_ids, n_chunks)
     while n_chunks == 0 and n_dec == 0 and n_prefilling > 1:
         # Part-way prefills starve each other of KV: free the latest for the oldest.
         n_prefilling -= 1
@@ -184,13 +179,8 @@ def sarathi_decide(params, kv_capacity, block, prefill_len, prefilled, held, que
         n_pre += 1
         free += blocks(held[victim], block)
         rid = scratch2[0]
-        chunk = _sarathi_chunk(rid, free, not reserve, budget, block, prefill_len, prefilled,
-                               held)
-        if chunk > 0:
-            budget, free = _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len,
-                                         prefilled, held, chunk_of)
-            chunk_ids[n_chunks] = rid
-            n_chunks += 1
+        budget, free, n_chunks = _sarathi_offer(rid, budget, free, reserve, block, prefill_len,
+                                                prefilled, held, chunk_of, chunk_ids, n_chunks)
     watermark = params[S_WATERMARK]
     seats = params[S_MAX_SEQS] - n_kept
     n_start = 0
@@ -226,6 +216,20 @@ def sarathi_decide(params, kv_capacity, block, prefill_len, prefilled, held, que
             advance[n_adv] = rid
             n_adv += 1
     return n_start, n_adv, n_pre, n_chunks, 0
+
+
+@njit(cache=True)
+def _sarathi_offer(rid, budget, free, reserve, block, prefill_len, prefilled, held, chunk_of,
+                   chunk_ids, n_chunks):
+    """Give prefilling ``rid`` the chunk that budget and KV allow, if any: the new budget,
+    free blocks and chunk count."""
+    chunk = _sarathi_chunk(rid, free, not reserve, budget, block, prefill_len, prefilled, held)
+    if chunk > 0:
+        budget, free = _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len,
+                                     prefilled, held, chunk_of)
+        chunk_ids[n_chunks] = rid
+        n_chunks += 1
+    return budget, free, n_chunks
 
 
 @njit(cache=True)

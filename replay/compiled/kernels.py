@@ -110,6 +110,17 @@ def release_arrivals(arrival, now, status, queue_key, queue, ints, n, scratch, j
 
 
 @njit(cache=True)
+def keep_running(running, status, ints):
+    """Drop from the running list, in place and in order, the requests no longer running."""
+    n_run = 0
+    for i in range(ints[I_NRUN]):
+        if status[running[i]] == RUNNING:
+            running[n_run] = running[i]
+            n_run += 1
+    ints[I_NRUN] = n_run
+
+
+@njit(cache=True)
 def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled, generated,
           held, start_iteration, evictions, queue_key, first_token_time, last_token_time,
           max_token_gap, running, queue, scratch, joined):
@@ -143,12 +154,7 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
         joined[ints[I_JOINED] + i] = rid
     ints[I_JOINED] += k
     ints[I_KV_HELD] -= freed
-    n_run = 0
-    for i in range(ints[I_NRUN]):
-        if status[running[i]] == RUNNING:
-            running[n_run] = running[i]
-            n_run += 1
-    ints[I_NRUN] = n_run
+    keep_running(running, status, ints)
     if k > 1:  # in queue-key order (keys are unique)
         for i in range(k):
             scratch[i] = queue_key[victims[i]]
@@ -203,12 +209,7 @@ def complete(finished, nf, end, config, ints, status, held, completion_time, run
         if block > 1:
             ints[I_BLOCKS_HELD] -= blocks(held[rid], block)
         held[rid] = 0
-    n_run = 0
-    for i in range(ints[I_NRUN]):
-        if status[running[i]] == RUNNING:
-            running[n_run] = running[i]
-            n_run += 1
-    ints[I_NRUN] = n_run
+    keep_running(running, status, ints)
 
 
 @njit(cache=True)
