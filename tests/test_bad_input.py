@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
     (["engine.livelock_window=-1"], "engine.livelock_window=-1"),
     (["engine.requeue=side"], "must be front or back"),
     (["hardware=a100x1", "timing=linear"], "has no linear timing coefficients for hardware"),
-    (["model=llama3_8b", "hardware=a100x1", "timing=linear"],
+    # A model config with no linear coefficients at all (here: deleted from Llama-3-8B's).
+    (["model=llama3_8b", "hardware=a100x1", "timing=linear", "~model.linear_timing"],
      "model llama3_8b has no linear timing coefficients (model.linear_timing.a100x1 is missing"),
     (["workload=csv", "workload.path=/"], "is a directory"),
     (["engine.max_starts_per_round=0"], "engine.max_starts_per_round=0"),
