@@ -151,5 +151,5 @@ def test_cap_table_reads_a_run_folder(tmp_path):
     written = table_figure(tmp_path, tmp_path / "figures")
     assert [p.name for p in written] == ["b1_authors.png"]
     assert (tmp_path / "figures" / "b1_authors.csv").is_file()  # the table behind it
-    assert pd.read_csv(written[0])["policy"].tolist() == ["WAIT"]
+    assert pd.read_csv(written[0].with_suffix(".csv"))["policy"].tolist() == ["WAIT"]
     assert table_figure(tmp_path / "figures", tmp_path / "none") == []
