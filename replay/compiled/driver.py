@@ -221,7 +221,7 @@ class _Run:
     def fold_pending(self) -> None:
         gaps, start = self.engine.token_gaps, 0
         for end in self.seg_ends[:self.ints[k.I_NSEG]]:
-            gaps._fold(self.pending[start:end].copy())
+            gaps._fold(self.pending[start:end])  # _fold reads its input only
             start = int(end)
         self.ints[k.I_PENDING] = self.ints[k.I_NSEG] = 0
 

@@ -80,9 +80,14 @@ class LogHistogram:
         self.count += values.size
         self.total += float(values.sum())
         self.max = max(self.max, float(values.max()))
-        index = np.floor((np.log(values) - self._log_lo) / self._log_ratio)
-        index = np.clip(index, 0, self.counts.size - 1).astype(np.int64)
-        self.counts += np.bincount(index, minlength=self.counts.size)
+        # In place: the same floating-point steps as one expression, without a temporary
+        # array per step (folding is a third of a short replay's compiled loop time).
+        index = np.log(values)
+        index -= self._log_lo
+        index /= self._log_ratio
+        np.floor(index, out=index)
+        np.clip(index, 0, self.counts.size - 1, out=index)
+        self.counts += np.bincount(index.astype(np.int64), minlength=self.counts.size)
 
     def summary(self, quantiles=(0.5, 0.99)) -> dict:
         """``count``, ``mean``, ``max`` and the requested quantiles (bin midpoints, geometric)."""
