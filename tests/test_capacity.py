@@ -51,10 +51,14 @@ def test_capacity_study_quick(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     table = pd.read_csv(tmp_path / "capacity.csv")
     assert set(table["fraction"]) == {0.5, 2.0}
-    assert table.set_index("fraction")["stable_in_simulation"].to_dict() == {0.5: True,
-                                                                              2.0: False}
+    # Every point under both timings: the scenario's own and the fluid model's linear one.
+    for timing in ("vidur", "linear"):
+        points = table[table["timing"] == timing].set_index("fraction")
+        assert points["stable_in_simulation"].to_dict() == {0.5: True, 2.0: False}
     summary = json.loads((tmp_path / "summary.json").read_text())
-    row = summary["summary"][0]
-    assert row["fluid_stable_but_unstable_in_simulation"] == []
-    assert row["saturation_above"] < row["saturation_below"]
+    assert [row["timing"] for row in summary["summary"]] == ["vidur", "linear"]
+    for row in summary["summary"]:
+        assert row["fluid_stable_but_unstable_in_simulation"] == []
+        assert row["saturation_above"] < row["saturation_below"]
+        assert row["saturation_above_over_boundary"] == 0.5
     assert (tmp_path / "capacity.png").is_file()

@@ -275,6 +275,12 @@ TARGETS: dict[str, Target] = {
            ("a2s", "A2s (online, T ~ U{5..12})", "mcsf_vs_opt_online_small"),
            ("a1", "A1 (offline, n ~ U{40..60})", "mcsf_vs_opt_offline"),
            ("a2", "A2 (online, T ~ U{40..60})", "mcsf_vs_opt_online"))},
+    # First of the B series: the rate sweeps mark the saturation rates it measures.
+    "b_capacity": Target(
+        "Capacity check: each B scenario's fluid boundary rate (refitted linear timing) next "
+        "to the measured saturation rate per policy, under timing=vidur and timing=linear",
+        ("experiment=b_capacity",), quick=("study.quick=true",), multirun=False,
+        needs_data=True, figures=(study_figures,)),
     "b0": Target(
         "B0 eviction cascade: the WAIT paper's FCFS and the greedy FCFS vs WAIT (n = 4), "
         "one type (1, 2), Poisson(4) per "
@@ -298,11 +304,6 @@ TARGETS: dict[str, Target] = {
     "b4_nested_lmsys_real": wait_target(
         "B4 Nested WAIT, LMSYS real lengths (words), 50,000 requests at 55/s",
         "b4_nested_lmsys_real", ("workload.n=400",), sweeps={"paper": ()}),
-    "b_capacity": Target(
-        "Capacity check: each B scenario's fluid boundary rate (refitted linear timing) next "
-        "to the measured saturation rate per policy under timing=vidur",
-        ("experiment=b_capacity",), quick=("study.quick=true",), multirun=False,
-        needs_data=True, figures=(study_figures,)),
     "b5": Target(
         "B5 fluid benchmark of every B scenario (both conventions) next to the simulated "
         "throughput; the segment design's three memory terms vs the number of segments",

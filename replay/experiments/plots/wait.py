@@ -2,7 +2,7 @@
 
 Every B run records its fluid benchmark (``summary["fluid"]``: the equilibrium of
 its typed rates under the linear coefficients of its model and hardware), so the
-figures mark ``Throughput*`` and the stability boundary (load = 1) from the runs
+figures mark ``Throughput*`` and the fluid stability boundary (load = 1) from the runs
 themselves. Points are means over seeds with +- one standard deviation.
 """
 
@@ -62,19 +62,23 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
     """Throughput and average latency vs ``x`` (``total_rate`` or ``batch_limit``) per policy.
 
     ``Throughput*`` (tokens/s of the fluid equilibrium) is drawn for every ``x``; on a
-    rate axis the stability boundary (fluid load 1) is a vertical line.
+    rate axis the fluid model's stability boundary (load 1) is a vertical line, and so is,
+    per policy, the largest rate the capacity study measured stable in simulation
+    (:func:`measured_saturation`) when it has run.
     """
     table = wait_table(sweep_dir)
     per = _per_time(table)
     stats = _mean_std(table, ["policy", x], ["throughput", "mean_latency", "evictions",
                                              "throughput_star", "load"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    colors = {}
     for policy, line in stats.groupby("policy"):
         unfinished = int(line["not_completed"].sum())
         label = policy + (f" ({unfinished} of {int(line['seeds'].sum())} runs did not "
                           f"complete; hollow)" if unfinished else "")
         bar = left.errorbar(line[x], line["throughput"], yerr=line["throughput_std"],
                             marker="o", ms=3, capsize=3, label=label)
+        colors[policy] = bar[0].get_color()
         right.errorbar(line[x], line["mean_latency"], yerr=line["mean_latency_std"],
                        marker="o", ms=3, capsize=3, color=bar[0].get_color(), label=label)
         bad = line[line["not_completed"] > 0]
@@ -94,8 +98,14 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
     if x == "total_rate":
         boundary = (stats["total_rate"] / stats["load"]).median()
         for ax in (left, right):
-            ax.axvline(boundary, color="gray", ls=":", label=f"stability boundary "
+            ax.axvline(boundary, color="gray", ls=":", label=f"fluid boundary, load 1 "
                        f"({boundary:,.0f}/{per})")
+        saturation = measured_saturation(sweep_dir, "linear" if tag == "linear" else "vidur")
+        for policy, rate in saturation.items():
+            if policy in colors:
+                for ax in (left, right):
+                    ax.axvline(rate, color=colors[policy], ls="-.", lw=0.8,
+                               label=f"{policy}: stable up to {rate:,.0f}/{per} (measured)")
         paper = _paper_rate(sweep_dir)
         if paper is not None:
             inside = stats[x].min() <= paper <= 1.1 * stats[x].max()
@@ -117,6 +127,26 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
     fig.suptitle(name + ("" if stats["evictions"].fillna(0).any()
                          else " (no evictions in any run)"))
     return [save_figure(fig, out_dir / f"{x}_sweep{'_' + tag if tag else ''}.png", stats)]
+
+
+def measured_saturation(sweep_dir: Path, timing: str) -> dict[str, float]:
+    """Per policy label, the largest total rate the capacity study (target ``b_capacity``,
+    beside this target's folder) measured stable for this scenario under ``timing``; empty
+    when that study has not run. A rate sweep's load axis is the fluid model's, which can
+    call a rate stable that is not: this is what simulation says."""
+    target_dir = sweep_dir.parent.parent  # {outputs}/<target>[-quick]/runs/<sweep>
+    quick = target_dir.name.endswith("-quick")
+    scenario = target_dir.name.removesuffix("-quick")
+    found = target_dir.parent / ("b_capacity-quick" if quick else "b_capacity") / "runs" \
+        / "capacity_summary.csv"
+    if not found.is_file():
+        return {}
+    summary = pd.read_csv(found)
+    if "timing" not in summary.columns or "label" not in summary.columns:
+        return {}  # written before the study ran both timings
+    rows = summary[(summary["scenario"] == scenario) & (summary["timing"] == timing)
+                   & (summary["saturation_above"] > 0)]
+    return dict(zip(rows["label"], rows["saturation_above"].astype(float), strict=True))
 
 
 def _paper_rate(sweep_dir: Path) -> float | None:

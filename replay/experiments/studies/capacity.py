@@ -12,15 +12,22 @@ A run is **stable in simulation** when it completes and its mean queueing delay
 short one's (with a floor of ``delay_floor`` seconds, below which any growth is noise):
 past saturation the backlog, and so the delay, grows with the horizon.
 
-Writes ``capacity.csv`` (one row per scenario, policy, rate and horizon pair),
-``capacity_summary.csv`` (per scenario and policy: fluid boundary rate, the measured
-saturation interval, and whether any rate the fluid model calls stable was unstable in
-simulation), ``capacity.png`` (delay growth against rate / boundary rate) and
+Every point runs once per entry of ``timings`` (name -> overrides): the scenario's own
+timing (``vidur``) and the linear model the fluid analysis is built on (``linear``). Where
+the two saturate apart, the gap between the fluid boundary and the measured saturation is
+the linear model's error at the scenario's shapes; where they agree, it is the policy's
+own dynamics, which the fluid model does not describe. One factor varied alone.
+
+Writes ``capacity.csv`` (one row per scenario, policy, timing, rate and horizon pair),
+``capacity_summary.csv`` (per scenario, policy and timing: fluid boundary rate, the
+measured saturation interval, and every rate the fluid model calls stable that was
+unstable in simulation), ``capacity.png`` (delay growth against rate / boundary rate) and
 ``summary.json``. ``study.quick=true`` runs ``quick_settings`` instead (seconds).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -71,8 +78,10 @@ def fluid_figures(experiment: str, data_dir: str) -> dict:
 
 
 def run_point(experiment: str, policy: str, rate: float, horizon: float, typed: bool,
-              data_dir: str, seed: int, overrides: list[str]) -> dict:
-    """One replay of ``experiment`` with ``policy`` at total ``rate`` for ``horizon`` seconds."""
+              data_dir: str, seed: int, overrides: list[str],
+              vidur_cache: str | None = None) -> dict:
+    """One replay of ``experiment`` with ``policy`` at total ``rate`` for ``horizon`` seconds;
+    a Vidur timing reads its predictor from ``vidur_cache`` (the study's own) when given."""
     if typed:
         load = ["workload.load=null", f"workload.total_rate={rate}",
                 f"workload.duration_s={horizon}"]
@@ -80,6 +89,8 @@ def run_point(experiment: str, policy: str, rate: float, horizon: float, typed: 
         load = [f"arrivals.rate={rate}", f"workload.n={max(1, round(rate * horizon))}"]
     cfg = compose_config([f"experiment={experiment}", f"paper_policy={policy}",
                           f"data_dir={data_dir}", f"seed={seed}", *load, *overrides])
+    if vidur_cache and "cache_dir" in cfg.timing:  # not every timing has one (linear)
+        cfg.timing.cache_dir = vidur_cache
     try:
         result, _, _ = build_and_run(cfg)
     except (InputError, InstantiationException) as exc:  # e.g. no thresholds meet (11)
@@ -97,7 +108,8 @@ def run_point(experiment: str, policy: str, rate: float, horizon: float, typed: 
 
 def sweep(scenarios: dict, fractions: list[float], horizons: list[float], data_dir: str,
           seed: int, overrides: list[str], growth_limit: float,
-          delay_floor: float) -> tuple[pd.DataFrame, dict]:
+          delay_floor: float, timings: dict[str, list[str]],
+          vidur_cache: str | None = None) -> tuple[pd.DataFrame, dict]:
     short, long = sorted(horizons)
     rows, fluid = [], {}
     for experiment, spec in scenarios.items():
@@ -105,43 +117,50 @@ def sweep(scenarios: dict, fractions: list[float], horizons: list[float], data_d
         fluid[experiment] = fig
         log.info("capacity: %s: fluid load %.3g at %.4g req/s, boundary %.4g req/s", experiment,
                  fig["fluid_load"], fig["own_rate"], fig["boundary_rate"])
-        for policy in spec["policies"]:
-            for fraction in fractions:
-                rate = fraction * fig["boundary_rate"]
-                runs = {h: run_point(experiment, policy, rate, h, fig["typed"], data_dir, seed,
-                                     overrides) for h in (short, long)}
-                growth = (max(runs[long].get("mean_queueing_delay", math.inf), delay_floor)
-                          / max(runs[short].get("mean_queueing_delay", math.inf), delay_floor))
-                completed = all(r["status"] == "completed" for r in runs.values())
-                stable = completed and growth <= growth_limit
-                rows.append({"scenario": experiment, "policy": policy, "fraction": fraction,
-                             "rate": rate, "fluid_load_at_rate": fraction,
-                             "fluid_stable": fraction < 1, "short_horizon": short,
-                             "long_horizon": long, "delay_growth": growth,
-                             "stable_in_simulation": stable,
-                             **{f"{k}_short": v for k, v in runs[short].items()},
-                             **{f"{k}_long": v for k, v in runs[long].items()}})
-                log.info("capacity: %s %s at %.3g x boundary (%.4g req/s): delay growth %.3g, "
-                         "%s", experiment, policy, fraction, rate, growth,
-                         "stable" if stable else "unstable")
+        for policy, (timing, timing_overrides), fraction in itertools.product(
+                spec["policies"], timings.items(), fractions):
+            rate = fraction * fig["boundary_rate"]
+            runs = {h: run_point(experiment, policy, rate, h, fig["typed"], data_dir, seed,
+                                 [*overrides, *timing_overrides], vidur_cache)
+                    for h in (short, long)}
+            growth = (max(runs[long].get("mean_queueing_delay", math.inf), delay_floor)
+                      / max(runs[short].get("mean_queueing_delay", math.inf), delay_floor))
+            completed = all(r["status"] == "completed" for r in runs.values())
+            stable = completed and growth <= growth_limit
+            rows.append({"scenario": experiment, "policy": policy, "timing": timing,
+                         "fraction": fraction,
+                         "rate": rate, "fluid_load_at_rate": fraction,
+                         "fluid_stable": fraction < 1, "short_horizon": short,
+                         "long_horizon": long, "delay_growth": growth,
+                         "stable_in_simulation": stable,
+                         **{f"{k}_short": v for k, v in runs[short].items()},
+                         **{f"{k}_long": v for k, v in runs[long].items()}})
+            log.info("capacity: %s %s, %s timing, at %.3g x boundary (%.4g req/s): delay "
+                     "growth %.3g, %s", experiment, policy, timing, fraction, rate, growth,
+                     "stable" if stable else "unstable")
     return pd.DataFrame(rows), fluid
 
 
 def summarize(table: pd.DataFrame, fluid: dict) -> pd.DataFrame:
     rows = []
-    for (experiment, policy), part in table.groupby(["scenario", "policy"], sort=False):
+    for (experiment, policy, timing), part in table.groupby(["scenario", "policy", "timing"],
+                                                            sort=False):
         part = part.sort_values("rate")
         unstable = part[~part["stable_in_simulation"]]
         first_unstable = float(unstable["rate"].iloc[0]) if len(unstable) else math.inf
         below = part[part["rate"] < first_unstable]
         f = fluid[experiment]
         lies = part[part["fluid_stable"] & ~part["stable_in_simulation"]]
-        rows.append({"scenario": experiment, "policy": policy, "own_rate": f["own_rate"],
+        rows.append({"scenario": experiment, "policy": policy,
+                     "label": _policy_label(experiment, str(policy)), "timing": timing,
+                     "own_rate": f["own_rate"],
                      "fluid_load_at_own_rate": f["fluid_load"],
                      "fluid_label_at_own_rate": "stable" if f["fluid_stable"] else "unstable",
                      "fluid_boundary_rate": f["boundary_rate"],
                      "saturation_above": float(below["rate"].max()) if len(below) else 0.0,
                      "saturation_below": first_unstable,
+                     "saturation_above_over_boundary": (float(below["fraction"].max())
+                                                        if len(below) else 0.0),
                      "fluid_stable_but_unstable_in_simulation": lies["fraction"].tolist()})
     return pd.DataFrame(rows)
 
@@ -157,7 +176,8 @@ def _policy_label(experiment: str, policy: str) -> str:
 
 def plot(table: pd.DataFrame, growth_limit: float, out: Path) -> Path:
     """Per scenario: how much the mean queueing delay grows from the short to the long
-    horizon vs the rate as a fraction of the fluid boundary, one line per policy. Points
+    horizon vs the rate as a fraction of the fluid boundary, one line per policy and timing
+    (a color per policy, a line style per timing). Points
     without a finite growth (a refused or unfinished run) are counted in the legend; a
     panel without any finite point is replaced by a note."""
     scenarios = list(dict.fromkeys(table["scenario"]))
@@ -173,14 +193,19 @@ def plot(table: pd.DataFrame, growth_limit: float, out: Path) -> Path:
             ax.set_xticks([])
             ax.set_yticks([])
             continue
-        for policy, rows in part.groupby("policy", sort=False):
+        colors = {}
+        for (policy, timing), rows in part.groupby(["policy", "timing"], sort=False):
             rows = rows.sort_values("fraction")
             growth = rows["delay_growth"].replace([np.inf, -np.inf], np.nan)
-            label = _policy_label(experiment, str(policy))
+            label = f"{_policy_label(experiment, str(policy))}, {timing} timing"
             missing = int(growth.isna().sum())
             if missing:
                 label += f" ({missing} of {len(rows)} rates without a finite growth)"
-            ax.plot(rows["fraction"], growth, "o-", ms=3, label=label)
+            # One color per policy, one line style per timing.
+            style = "o-" if timing == part["timing"].iloc[0] else "s--"
+            line = ax.plot(rows["fraction"], growth, style, ms=3, label=label,
+                           color=colors.get(policy))
+            colors.setdefault(policy, line[0].get_color())
         ax.axvline(1.0, color="gray", ls=":", label="fluid boundary (load 1)")
         ax.axhline(growth_limit, color="red", ls="--", lw=0.8,
                    label=f"growth limit ({growth_limit:g}x): above it, unstable")
@@ -196,28 +221,31 @@ def plot(table: pd.DataFrame, growth_limit: float, out: Path) -> Path:
 
 
 def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, fractions: list,
-              horizons: list, growth_limit: float, delay_floor: float, seed: int = 0,
-              overrides: list | None = None, quick: bool = False,
+              horizons: list, growth_limit: float, delay_floor: float, timings: dict,
+              seed: int = 0, overrides: list | None = None, quick: bool = False,
               quick_settings: dict | None = None) -> dict:
     def plain(value):
         return OmegaConf.to_container(value, resolve=True) if isinstance(
             value, DictConfig | ListConfig) else value
 
     settings = {"scenarios": plain(scenarios), "fractions": plain(fractions),
-                "horizons": plain(horizons), "overrides": list(plain(overrides) or [])}
+                "horizons": plain(horizons), "overrides": list(plain(overrides) or []),
+                "timings": {name: [str(o) for o in (extra or [])]
+                            for name, extra in plain(timings).items()}}
     if quick:
         q = dict(plain(quick_settings) or {})
         settings.update(q)
+    if not settings["timings"]:
+        raise ConfigError("study.timings: name at least one timing (e.g. vidur: [])")
     if len(settings["horizons"]) != 2:
         raise ConfigError(f"study.horizons: need two horizons, got {settings['horizons']}")
-    if cfg.timing.get("cache_dir"):  # the study's own Vidur cache serves every run
-        settings["overrides"] = [f"timing.cache_dir='{cfg.timing.cache_dir}'",
-                                 *settings["overrides"]]
     out_dir.mkdir(parents=True, exist_ok=True)
     table, fluid = sweep(settings["scenarios"], [float(f) for f in settings["fractions"]],
                          [float(h) for h in settings["horizons"]], str(cfg.data_dir), int(seed),
                          [str(o) for o in settings["overrides"]], float(growth_limit),
-                         float(delay_floor))
+                         float(delay_floor), settings["timings"],
+                         # the study's own Vidur cache serves every run
+                         cfg.timing.get("cache_dir"))
     table.to_csv(out_dir / "capacity.csv", index=False)
     summary_table = summarize(table, fluid)
     summary_table.to_csv(out_dir / "capacity_summary.csv", index=False)
