@@ -286,6 +286,11 @@ def test_profile_urls_mirror_vidurs_tree():
     with pytest.raises(ValueError, match="needs a network device"):
         profiles_fetch.source_url("send_recv", llama70, "a100")
     assert "download by hand" in profiles_fetch.fetch_hint("attention", llama7, "a100")
+    # Llama-3-8B's MLP profile is a plain file at a pinned commit, not Git LFS.
+    llama3 = "meta-llama/Meta-Llama-3-8B"
+    hint = profiles_fetch.fetch_hint("mlp", llama3, "a100")
+    assert "41ab8ab15cd6217284b025750fc6b81364d359e6" in hint and "traces.fetch" in hint
+    assert "Git LFS" not in hint
 
 
 @needs_profiles
@@ -304,9 +309,10 @@ def test_fetch_puts_each_download_where_the_backend_reads_it(tmp_path):
         shutil.copyfile(source, output_file)
 
     fetched = fetch(profiles_fetch.PROFILE_FILES, tmp_path, downloader=downloader)
-    assert len(fetched) == 7 and all(path.is_file() for path in fetched)
+    assert len(fetched) == 8 and all(path.is_file() for path in fetched)
     local = tmp_path / "vidur" / "profiling"
-    for model in ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-7b-hf"):
+    for model in ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-7b-hf",
+                  "meta-llama/Meta-Llama-3-8B"):
         paths = profiles_fetch.profile_paths(local, model, "a100", "a100_pairwise_nvlink")
         assert paths["mlp"] in fetched and paths["all_reduce"] in fetched
     assert (local / "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv") in fetched

@@ -13,10 +13,10 @@ the downloading).
 * The Llama-2-70B attention profile is stored in Git LFS on Vidur's current
   branch; it comes from an older commit that kept it as a plain file
   (``data/profiling/a100/attention.csv`` at ``ATTENTION_70B_COMMIT``).
-* The Llama-2-7B attention profile exists only in Git LFS
-  (``lfs_url("attention", ...)``, content not validated by the project). Put it at
-  its local path by hand to use it; otherwise the backend derives a 7B table
-  from the 70B profile (``replay/timing/attention_7b.py``).
+* The Llama-2-7B and Llama-3-8B attention profiles exist only in Git LFS
+  (``lfs_url("attention", ...)``, content not validated by the project). Put one at
+  its local path by hand to use it; otherwise the backend derives the table from
+  the 70B profile (``replay/timing/attention_7b.py``).
 
 Vidur 0.0.26 itself downloads profiles from HuggingFace datasets
 (``model_profiling_dataset`` in its predictor config); the GitHub files are used
@@ -68,6 +68,10 @@ PROFILE_FILES: tuple[RemoteFile, ...] = (
     _vidur_file("compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv",
                 "bee57dafa1eb2dc422dcaec46a66975599a6a242",
                 "2cfacca979f32e83257753cf6fd815a71af8ba9a7a9d0643b18d9f54e8a37688", 706_614),
+    # The profile the WAIT authors' fork ran with (git blob 36db734 there too).
+    _vidur_file("compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv",
+                "41ab8ab15cd6217284b025750fc6b81364d359e6",
+                "98c26488298e324e89db7349e213f75c856ae83dc6b17548a68636d2cb5efff0", 1_204_856),
     _vidur_file("network/a100_pairwise_nvlink/all_reduce.csv",
                 "5555bb810209639fed7a774a0b40b77cfca5ee33",
                 "27428d884ae095800e81366c7517af93fd7476633cfe5e55bdd155e004485dab", 420_449),
