@@ -66,8 +66,10 @@ from replay.cli import run_or_exit
 from replay.config import compose_config
 from replay.errors import InputError
 from replay.experiments.plots.common import plt, save_figure
+from replay.experiments.report import CROSSCHECK_PROVENANCE as PROVENANCE
+from replay.experiments.report import git_describe
 from replay.outputs import atomic_write, atomic_write_text, ensure_writable_dir
-from replay.run import run
+from replay.run import package_versions, run
 
 #: Cases: workload -> (low rate, high rate) in requests/s, around the capacity of
 #: Llama-2-70B TP2 with 1,030 blocks of 16 tokens (D1's trial runs).
@@ -288,6 +290,10 @@ def crosscheck(setup: Setup, out_dir: Path,
     speed["speedup"] = speed["vidur_wall_s"] / speed["kvsched_wall_s"]
     atomic_write(out_dir / "speed.csv", lambda tmp: speed.to_csv(tmp, index=False))
     atomic_write_text(out_dir / "setup.json", json.dumps(setup.__dict__, indent=1))
+    # What produced these numbers, for the report's stamp beside them.
+    atomic_write_text(out_dir / PROVENANCE, json.dumps({
+        "commit": git_describe(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "packages": package_versions()}, indent=1))
     return speed
 
 

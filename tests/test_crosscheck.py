@@ -49,3 +49,15 @@ def test_speed_is_measured_for_both_on_the_same_requests(checked):
     assert (speed["requests"] == 40).all()
     assert (speed[["kvsched_wall_s", "vidur_wall_s"]] > 0).all().all()
     assert (speed["speedup"] == speed["vidur_wall_s"] / speed["kvsched_wall_s"]).all()
+
+
+def test_the_report_stamps_d3_with_the_commit_that_ran_it(checked):
+    import json
+
+    from replay.experiments.report import CROSSCHECK_PROVENANCE, _crosscheck, git_describe
+
+    out, _ = checked
+    recorded = json.loads((out / CROSSCHECK_PROVENANCE).read_text())
+    assert recorded["commit"] == git_describe() and "vidur" in recorded["packages"]
+    stamp = _crosscheck(out, out.parent / "reproduce")["stamp"]
+    assert stamp["commit"] == recorded["commit"] and stamp["date"] == recorded["date"]

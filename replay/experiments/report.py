@@ -59,6 +59,9 @@ CAVEATS = (
 SERIES = {"a": ("mcsf", "A: MC-SF"), "b": ("wait", "B: WAIT and fluid"),
           "c": ("sorted-f", "C: Sorted-F"), "d": ("harness", "D: harness checks")}
 
+#: What ``python -m replay.crosscheck`` writes beside its tables: commit, date, packages.
+CROSSCHECK_PROVENANCE = "provenance.json"
+
 #: A figure's numbers are shown as a table in the results pages up to this size.
 SMALL_TABLE = (30, 14)
 
@@ -228,6 +231,8 @@ def _crosscheck(crosscheck_dir: Path, outputs_root: Path) -> dict:
     speed = pd.read_csv(crosscheck_dir / "speed.csv")
     total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
     setup = crosscheck_dir / "setup.json"
+    recorded = crosscheck_dir / CROSSCHECK_PROVENANCE
+    provenance = json.loads(recorded.read_text()) if recorded.is_file() else {}
     found.update({
         "dir": crosscheck_dir,
         "summary": (f"Simulated requests per wall-second over {int(total['requests'])} "
@@ -238,10 +243,10 @@ def _crosscheck(crosscheck_dir: Path, outputs_root: Path) -> dict:
                                   "vidur_mean", "diff_mean", "diff_p50", "diff_p99",
                                   "restarts_kvsched", "restarts_vidur"]],
         "speed": speed,
-        "stamp": {"commit": "unknown (replay.crosscheck records none)",
-                  "date": time.strftime("%Y-%m-%d %H:%M %Z",
-                                        time.localtime((crosscheck_dir / "comparison.csv")
-                                                       .stat().st_mtime)),
+        "stamp": {"commit": provenance.get("commit", "unknown (not recorded)"),
+                  "date": provenance.get("date") or time.strftime(
+                      "%Y-%m-%d %H:%M %Z", time.localtime(
+                          (crosscheck_dir / "comparison.csv").stat().st_mtime)),
                   "config": " ".join(f"{k}={v}" for k, v in json.loads(setup.read_text())
                                      .items()) if setup.is_file() else "not recorded"}})
     return found
