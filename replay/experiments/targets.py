@@ -218,6 +218,12 @@ TARGETS: dict[str, Target] = {
         "Vidur timing; plus the offline panel (unit time, all at time 0) with the LP gap",
         ("experiment=d1_all",), sweeps=D1_SWEEPS,
         quick_sweeps=D1_QUICK_SWEEPS, figures=(plot_d1,), needs_data=True),
+    "d4": Target(
+        "D4: the linear timing model refitted to Vidur (Llama-2-7B on one A100, 70B on two): "
+        "coefficients and relative error per region of a shape grid, against the target "
+        "(median <= 5 %, max <= 20 % over decodes 1..512 x contexts 16..4,096)",
+        ("experiment=d4_linear_fit",), quick=("study.quick=true",), multirun=False,
+        needs_data=True, figures=(study_figures,)),
     "a3_small": Target(
         "A3 (scaled down) + A5: separate runs of n = 40..400, the first-n curve of the largest "
         "runs, KV of MC-SF", ("experiment=a3_small",),
