@@ -79,6 +79,27 @@ def run_summaries(runs_dir: Path) -> dict[str, str]:
             for p in sorted(runs_dir.rglob("summary.json"))}
 
 
+#: Per-run seconds summed into a target's manifest (``time``): each run's whole replay
+#: (setup, loop, tables), the step loop alone, the policy's decisions inside it (an LP
+#: policy's solves), and compiling the step loop.
+RUN_SECONDS = ("wall_time_s", "loop_time_s", "decision_time_s", "compile_time_s")
+
+
+def time_breakdown(runs_dir: Path, runs_s: float, figures_s: float) -> dict[str, float]:
+    """Where a target's time went: the runs phase (replay commands, parallel jobs and
+    studies included) and the figures phase, wall-clock; and, summed over the replays'
+    summaries, :data:`RUN_SECONDS` (a sum over parallel jobs can exceed the phase)."""
+    sums = dict.fromkeys(RUN_SECONDS, 0.0)
+    for path in runs_dir.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        for key in RUN_SECONDS:
+            value = summary.get(key)
+            if isinstance(value, int | float):
+                sums[key] += value
+    return {"runs_s": runs_s, "figures_s": figures_s,
+            **{f"sum_{key}": value for key, value in sums.items()}}
+
+
 def stale_reason(name: str, out_dir: Path, quick: bool) -> str | None:
     """Why the target in ``out_dir`` must run again (``None``: it is up to date).
 
@@ -178,6 +199,7 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         print(f"  running again: {reason}", flush=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)  # until the figures are redrawn
     failed_record = out_dir / "failed.json"
+    runs_started = time.perf_counter()
     for sweep, extra in (sweeps or {None: ()}).items():
         where = runs_dir / sweep if sweep else runs_dir
         # The target's folders are its own: a run of an edited config replaces the old one.
@@ -197,11 +219,15 @@ def run_target(name: str, quick: bool = False, force: bool = False,
                                f"status {returncode} (its last lines above say why)")
     if target.multirun:  # a study keeps its own table (trials.csv) instead
         collect([runs_dir], runs_dir / TABLE_NAME, quiet=True)
+    figures_started = time.perf_counter()
     figures = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
+    finished = time.perf_counter()
     written = [q for p in figures for q in (p, p.with_suffix(".csv")) if q.is_file()]
     (out_dir / MANIFEST).write_text(json.dumps({
         "target": name, "quick": quick, "commit": git_describe(),
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "seconds": time.perf_counter() - started,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "seconds": finished - started,
+        "time": time_breakdown(runs_dir, figures_started - runs_started,
+                               finished - figures_started),
         "ran": tally.ran, "reused": tally.reused, "failed": tally.failed,
         "config": target_config(target, quick),
         "config_sha256": config_sha256(target, quick),

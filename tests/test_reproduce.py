@@ -341,3 +341,19 @@ def test_a_corrupted_figure_csv_makes_the_target_redraw(tiny):
     assert "runs changed" in stale_reason("tiny", root / "tiny", quick=False)
     manifest = json.loads((root / "tiny" / MANIFEST).read_text())
     assert {o["path"] for o in manifest["outputs"]} == {"tel.png", "tel.csv"}
+
+
+def test_time_breakdown_sums_the_replays_and_keeps_the_phases(tmp_path):
+    from replay.reproduce import time_breakdown
+
+    for job, (wall, loop, decide) in enumerate(((2.0, 1.5, 0.5), (3.0, 2.0, 1.0))):
+        (tmp_path / str(job)).mkdir()
+        (tmp_path / str(job) / "summary.json").write_text(json.dumps(
+            {"wall_time_s": wall, "loop_time_s": loop, "decision_time_s": decide,
+             "compile_time_s": 0.25}))
+    (tmp_path / "study.json").write_text("{}")  # not a run summary: not counted
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "summary.json").write_text(json.dumps({"study": "x"}))  # no times
+    assert time_breakdown(tmp_path, 4.0, 0.5) == {
+        "runs_s": 4.0, "figures_s": 0.5, "sum_wall_time_s": 5.0, "sum_loop_time_s": 3.5,
+        "sum_decision_time_s": 1.5, "sum_compile_time_s": 0.5}

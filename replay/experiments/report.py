@@ -149,6 +149,11 @@ class TargetView:
         return self.manifest["seconds"] if self.manifest else None
 
     @property
+    def time(self) -> dict | None:
+        """Where the target's time went (``reproduce.time_breakdown``), if recorded."""
+        return self.manifest.get("time") if self.manifest else None
+
+    @property
     def verdicts(self) -> list[str]:
         return [claim["verdict"] for claim in self.claims]
 
