@@ -18,13 +18,22 @@ from replay.experiments.claims import (
 )
 
 
-def _policies(out_dir: Path, wait: float, evictions: float = 0.0, rate: float = 2000.0):
+def _policies(out_dir: Path, wait: float, evictions: float = 0.0, rate: float = 2000.0,
+              wait_evictions: float = 0.0, wait_unfinished: int = 0):
     out_dir.mkdir(parents=True)
     pd.DataFrame({"total_rate": rate, "policy": ["WAIT", "vLLM-like", "Sarathi-like"],
                   "throughput": [wait, 100.0, 90.0],
-                  "evictions": [0.0, evictions, evictions]}).to_csv(
+                  "evictions": [wait_evictions, evictions, evictions], "seeds": 3,
+                  "not_completed": [wait_unfinished, 0, 0]}).to_csv(
         out_dir / "policies.csv", index=False)
     return out_dir
+
+
+def test_wait_best_names_the_policys_own_overflows(tmp_path):
+    out_dir = _policies(tmp_path / "b4", 83.0, wait_evictions=10_019.0, wait_unfinished=3)
+    found, measured = wait_best_check("WAIT")(out_dir)
+    assert found == MEASURED_CAUSE
+    assert "itself evicts 10,019 times" in measured and "3 of 3 runs did not complete" in measured
 
 
 def _capacity(outputs: Path, rows: list[dict]) -> None:
@@ -83,7 +92,8 @@ def test_membound_without_a_binding_point_is_not_judged(tmp_path):
 
 def test_fluid_boundary_splits_timing_from_dynamics(tmp_path):
     out_dir = tmp_path / "b_capacity"
-    row = {"scenario": "b1_wait_low", "fluid_boundary_rate": 600.0}
+    row = {"scenario": "b1_wait_low", "fluid_boundary_rate": 600.0,
+           "fluid_label_at_own_rate": "unstable"}
     _capacity(tmp_path, [
         # WAIT: unstable from 0.7 under Vidur and under linear timing too -> its dynamics.
         {**row, "label": "WAIT", "timing": "vidur", "saturation_above_over_boundary": 0.5,
@@ -105,6 +115,7 @@ def test_fluid_boundary_splits_timing_from_dynamics(tmp_path):
 def test_fluid_boundary_that_holds_is_reproduced(tmp_path):
     _capacity(tmp_path, [{"scenario": "b4", "label": "WAIT", "timing": "vidur",
                           "saturation_above_over_boundary": 1.0,
+                          "fluid_label_at_own_rate": "stable",
                           "fluid_stable_but_unstable_in_simulation": "[]"}])
     assert fluid_boundary_check(tmp_path / "b_capacity")[0] == REPRODUCED
 
@@ -117,3 +128,15 @@ def test_fcfs_loss_range(tmp_path, fcfs, verdict):
         f"4,FCFS (WAIT paper),{fcfs},754\n4,WAIT,100,0\n4,alpha-protection (0.0),0,185\n")
     found, measured = fcfs_loss_check(tmp_path)
     assert found == verdict and "alpha-protection (0.0): 0 tokens per round" in measured
+
+
+def test_fluid_boundary_reads_the_full_length_paper_runs_of_a_stable_scenario(tmp_path):
+    # Stable at 30/60 s horizons, but the full paper runs of the policy livelock.
+    _capacity(tmp_path, [{"scenario": "b4", "label": "WAIT", "timing": "vidur",
+                          "saturation_above_over_boundary": 0.85,
+                          "fluid_label_at_own_rate": "stable",
+                          "fluid_stable_but_unstable_in_simulation": "[]"}])
+    _policies(tmp_path / "b4", 83.0, rate=55.0, wait_evictions=10_019.0, wait_unfinished=3)
+    found, measured = fluid_boundary_check(tmp_path / "b_capacity")
+    assert found == MEASURED_CAUSE
+    assert "b4 at its paper rate 55/s (fluid-stable): WAIT did not complete 3 of 3" in measured

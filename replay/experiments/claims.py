@@ -150,9 +150,10 @@ def capacity_summary(out_dir: Path, timing: str = "vidur") -> pd.DataFrame:
 
 def wait_best_check(policy: str) -> Check:
     """``policy`` (WAIT or Nested WAIT) has the highest throughput at every rate of the
-    paper sweep; where it does not, the cause the same outputs measure: the rate is below
-    every policy's measured saturation rate (no server short of capacity), or the baselines
-    never evict (so memory never binds, the premise of the claim)."""
+    paper sweep; where it does not, the cause the same outputs measure: the policy's own
+    batches overflow M while the baselines' never do; the rate is below every policy's
+    measured saturation rate (no server short of capacity); or the baselines never evict
+    (so memory never binds, the premise of the claim)."""
     def check(out_dir: Path) -> tuple[str, str]:
         bars = _csv(out_dir, "policies.csv")
         saturation = capacity_summary(out_dir)
@@ -168,10 +169,19 @@ def wait_best_check(policy: str) -> Check:
             text = f"rate {rate:g}/s: {policy} {ratio:.3f}x the best baseline"
             slowest = (float(saturation["saturation_above"].min()) if len(saturation)
                        else None)
+            own_evictions = float(by.loc[policy, "evictions"])
+            unfinished = int(by.loc[policy].get("not_completed", 0))
             if ratio >= 1.01:
                 verdicts.append(REPRODUCED)
             elif ratio >= 1.0:
                 verdicts.append(IN_SHAPE)
+            elif own_evictions > 0 and baseline_evictions == 0:
+                verdicts.append(MEASURED_CAUSE)
+                text += (f"; {policy} itself evicts {own_evictions:,.0f} times per run (each an "
+                         f"overflow of M; the baselines never evict)")
+                if unfinished:
+                    text += (f" and {unfinished} of {int(by.loc[policy, 'seeds'])} runs did not "
+                             f"complete")
             elif slowest is not None and rate <= slowest:
                 verdicts.append(MEASURED_CAUSE)
                 text += (f"; below every policy's measured saturation rate (>= {slowest:.4g}/s, "
@@ -243,7 +253,9 @@ def membound_check(out_dir: Path) -> tuple[str, str]:
 def fluid_boundary_check(out_dir: Path) -> tuple[str, str]:
     """Is every rate the fluid model calls stable (load < 1) stable in simulation? Where it
     is not under Vidur timing, the same rates under the fluid model's own linear timing say
-    whether the cause is the timing model (stable there) or the policy's dynamics."""
+    whether the cause is the timing model (stable there) or the policy's dynamics. A
+    scenario whose own rate is fluid-stable is also checked on its full-length paper runs
+    (its target's ``policies.csv`` beside this one): every policy must complete them."""
     summary = _csv(out_dir, "capacity_summary.csv")
     if "timing" not in summary.columns:
         raise KeyError("timing")
@@ -267,6 +279,26 @@ def fluid_boundary_check(out_dir: Path) -> tuple[str, str]:
         else:
             verdicts.append(UNEXPLAINED)
         parts.append(text)
+    # The capacity study's horizons are short; a scenario's own paper runs are the long test
+    # of a rate the fluid model calls stable.
+    quick = out_dir.name.endswith("-quick")
+    stable_paper_points = vidur[vidur["fluid_label_at_own_rate"] == "stable"]
+    for scenario in dict.fromkeys(stable_paper_points.index.get_level_values(0)):
+        bars = out_dir.parent / (f"{scenario}-quick" if quick else scenario) / "policies.csv"
+        if not bars.is_file():
+            continue
+        for _, row in pd.read_csv(bars).iterrows():
+            if row.get("not_completed", 0) > 0:
+                text = (f"{scenario} at its paper rate {row['total_rate']:g}/s (fluid-stable): "
+                        f"{row['policy']} did not complete {int(row['not_completed'])} of "
+                        f"{int(row['seeds'])} full-length runs")
+                if row["evictions"] > 0:
+                    text += (f", evicting {row['evictions']:,.0f} times per run (its own "
+                             f"batches overflow M)")
+                    verdicts.append(MEASURED_CAUSE)
+                else:
+                    verdicts.append(UNEXPLAINED)
+                parts.append(text)
     order = (UNEXPLAINED, MEASURED_CAUSE, IN_SHAPE, REPRODUCED)
     return next(v for v in order if v in verdicts), "; ".join(parts)
 
