@@ -108,7 +108,7 @@ def test_fluid_boundary_splits_timing_from_dynamics(tmp_path):
     found, measured = fluid_boundary_check(out_dir)
     assert found == MEASURED_CAUSE
     wait, vllm = measured.split("; ")
-    assert "0.5x" in wait and "the policy's dynamics" in wait
+    assert "0.5x" in wait and "so not the timing model" in wait
     assert "0.6x" in vllm and "the timing model" in vllm
 
 

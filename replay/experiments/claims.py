@@ -253,7 +253,7 @@ def membound_check(out_dir: Path) -> tuple[str, str]:
 def fluid_boundary_check(out_dir: Path) -> tuple[str, str]:
     """Is every rate the fluid model calls stable (load < 1) stable in simulation? Where it
     is not under Vidur timing, the same rates under the fluid model's own linear timing say
-    whether the cause is the timing model (stable there) or the policy's dynamics. A
+    whether the timing model is the cause (stable there) or not (unstable there too). A
     scenario whose own rate is fluid-stable is also checked on its full-length paper runs
     (its target's ``policies.csv`` beside this one): every policy must complete them."""
     summary = _csv(out_dir, "capacity_summary.csv")
@@ -271,8 +271,8 @@ def fluid_boundary_check(out_dir: Path) -> tuple[str, str]:
         elif key in linear.index:
             linear_row = linear.loc[key]
             text += f" (linear timing: {linear_row['saturation_above_over_boundary']:.2g}x: "
-            text += ("the policy's dynamics, unstable below the boundary under the fluid "
-                     "model's own timing too)"
+            text += ("unstable below the boundary under the fluid model's own timing too, "
+                     "so not the timing model)"
                      if linear_row["fluid_stable_but_unstable_in_simulation"] not in ("[]", "")
                      else "the timing model, stable up to the boundary under linear timing)")
             verdicts.append(MEASURED_CAUSE)

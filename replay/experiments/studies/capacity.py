@@ -15,8 +15,8 @@ past saturation the backlog, and so the delay, grows with the horizon.
 Every point runs once per entry of ``timings`` (name -> overrides): the scenario's own
 timing (``vidur``) and the linear model the fluid analysis is built on (``linear``). Where
 the two saturate apart, the gap between the fluid boundary and the measured saturation is
-the linear model's error at the scenario's shapes; where they agree, it is the policy's
-own dynamics, which the fluid model does not describe. One factor varied alone.
+the linear model's error at the scenario's shapes; where they agree, the timing model is
+not the cause. One factor varied alone.
 
 Writes ``capacity.csv`` (one row per scenario, policy, timing, rate and horizon pair),
 ``capacity_summary.csv`` (per scenario, policy and timing: fluid boundary rate, the
