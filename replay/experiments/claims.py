@@ -232,9 +232,11 @@ def membound_check(out_dir: Path) -> tuple[str, str]:
             continue
         text = (f"{wait}: wins {won}, ties {tied}, loses {lost} of {points} points where a "
                 f"baseline evicts")
-        if lost:
+        if lost_evicting:
             text += (f" (in {lost_evicting} of the {lost} losses it evicts itself: its "
                      f"thresholds come from B and the rates, and its batch overflows M)")
+        elif lost:
+            text += " (it evicts in none of its losses)"
         parts.append(text)
         if lost == 0 and won and won >= tied:
             verdicts.append(REPRODUCED)
