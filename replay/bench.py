@@ -8,10 +8,13 @@ decision, in the timing backend and in the engine itself (the step loop minus th
 two), plus the setup time outside the loop (loading the workload, building the
 backend, assembling the result tables). ``--scenarios all`` runs the named
 scenarios instead (WAIT and Nested WAIT on their B workloads, Vidur timing where
-named). ``--sorted`` measures the Sorted-F family instead: one Phase-1 plan of
-Sorted-F (swap, quantile) over 2,000 and 20,000 waiting requests, and the LP's build
-and solve time at the sizes of C1 (Uniform, n = 100, M = 100) and C2 (mixed,
-n = 2,000).
+named). ``--user-policy`` adds a user's own Python policy to the grid: the documentation's
+example (``docs/examples/longest_prompt_first.py``, loaded as a user would install it),
+which runs on the Python path even with ``engine.compiled=true``, the default; the
+``path`` column says which loop ran. ``--sorted`` measures the Sorted-F family instead:
+one Phase-1 plan of Sorted-F (swap, quantile) over 2,000 and 20,000 waiting requests,
+and the LP's build and solve time at the sizes of C1 (Uniform, n = 100, M = 100) and C2
+(mixed, n = 2,000).
 Not a test: numbers depend on the machine.
 """
 
@@ -74,6 +77,9 @@ def main() -> None:
     parser.add_argument("--scenarios", default=None,
                         help=f"named scenarios instead of the policy grid: "
                              f"{','.join(SCENARIOS)} (or 'all')")
+    parser.add_argument("--user-policy", action="store_true",
+                        help="also the documentation's example policy, a user's own Python "
+                             "policy (the Python path)")
     parser.add_argument("--sorted", action="store_true",
                         help="Phase-1 plan and LP times of the Sorted-F family instead")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
@@ -81,20 +87,41 @@ def main() -> None:
     if args.sorted:
         bench_sorted(args.repeat)
         return
-    print(f"{'run':<24}{'requests':>9}{'iterations':>11}{'wall s':>9}{'req/wall-s':>12}"
+    print(f"{'run':<36}{'requests':>9}{'iterations':>11}{'wall s':>9}{'req/wall-s':>12}"
           f"{'decide us/step':>16}{'timing us/step':>16}{'engine us/step':>16}{'setup s':>9}"
-          f"{'decided %':>10}")
+          f"{'decided %':>10}  path")
     if args.scenarios:
         names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
         for name in names:
             report(name, compose_config([*SCENARIOS[name], *args.overrides]), args.repeat)
         return
-    for policy in args.policies.split(","):
+    policies = {policy: [f"policy={policy}"] for policy in args.policies.split(",")}
+    if args.user_policy:
+        policies["user: longest prompt first"] = [
+            "policy=mcsf", f"policy._target_={install_example_policy()}.LongestPromptFirst"]
+    for label, choice in policies.items():
         for rate in args.rates:
-            report(f"{policy} {rate:g}/s", compose_config([
-                f"workload={args.workload}", f"timing={args.timing}", f"policy={policy}",
+            report(f"{label} {rate:g}/s", compose_config([
+                f"workload={args.workload}", f"timing={args.timing}", *choice,
                 "arrivals=poisson", f"arrivals.rate={rate}", f"workload.n={args.n}",
                 *args.overrides]), args.repeat)
+
+
+def install_example_policy() -> str:
+    """Import the documentation's example policy as a user's own module would be (it is
+    not in the package) and return its module name."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "kvsched_example_longest_prompt_first"
+    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / \
+        "longest_prompt_first.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return name
 
 
 def report(label: str, cfg, repeat: int) -> None:
@@ -113,11 +140,11 @@ def report(label: str, cfg, repeat: int) -> None:
             best, fastest = wall, result
     steps = len(fastest.iterations)
     engine = fastest.loop_time_s - fastest.decision_time_s - fastest.timing_time_s
-    print(f"{label:<24}{len(requests):>9}{steps:>11}{best:>9.2f}{len(requests) / best:>12.0f}"
+    print(f"{label:<36}{len(requests):>9}{steps:>11}{best:>9.2f}{len(requests) / best:>12.0f}"
           f"{1e6 * fastest.decision_time_s / steps:>16.1f}"
           f"{1e6 * fastest.timing_time_s / steps:>16.1f}{1e6 * engine / steps:>16.1f}"
-          f"{best - fastest.loop_time_s:>9.2f}{100 * fastest.decisions / steps:>10.1f}",
-          flush=True)
+          f"{best - fastest.loop_time_s:>9.2f}{100 * fastest.decisions / steps:>10.1f}"
+          f"  {(fastest.engine_path or {}).get('path', 'python')}", flush=True)
 
 
 def bench_sorted(repeat: int) -> None:

@@ -68,3 +68,18 @@ def test_the_example_policy_replays_with_its_config(monkeypatch):
     result, _, _ = build_and_run(cfg)
     assert result.status == "completed"
     assert policy_label(OmegaConf.to_container(cfg.policy)) == "LongestPromptFirst"
+
+
+def test_bench_times_the_example_policy_on_the_python_path():
+    """``replay.bench --user-policy``: a user's own policy, loaded from the docs' example
+    file, runs (on the Python loop, compiled engine or not) beside a built-in one."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "replay.bench", "--n", "200", "--repeat", "1",
+                           "--policies", "mcsf", "--rates", "20", "--user-policy"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split(" 20/s")[0]: line.split()[-1] for line in done.stdout.splitlines()
+            if " 20/s" in line}
+    assert rows == {"mcsf": "compiled", "user: longest prompt first": "python"}
