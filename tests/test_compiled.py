@@ -19,7 +19,14 @@ from policies.vllm import VLLMLike
 from policies.wait import Wait
 from replay.bench_compiled import assert_identical
 from replay.compiled import decisions as dec
-from replay.compiled import kernels, pricing, run_compiled, supports_compiled, unsupported_reason
+from replay.compiled import (
+    kernels,
+    pricing,
+    run_compiled,
+    sorting,
+    supports_compiled,
+    unsupported_reason,
+)
 from replay.compiled.driver import compiled_decision
 from replay.engine.kv import explicit
 from replay.engine.loop import Engine
@@ -151,6 +158,21 @@ def test_pairwise_sum_is_numpys_sum():
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 4097]:
         a = rng.random(n) * 10.0 ** rng.integers(-4, 4, n)
         assert pricing.pairwise_sum(a, 0, n) == float(a.sum())
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-2 ** 62, 2 ** 62) | st.integers(-3, 3), max_size=100),
+       extra=st.integers(0, 3), probe=st.integers(-4, 4))
+def test_sorting_helpers_are_numpys(values, extra, probe):
+    # small ranges too, for many ties; the buffer is longer than the sorted prefix
+    keys = np.array(values + [7] * extra, dtype=np.int64)
+    n = len(values)
+    order = sorting.stable_argsort(keys, n)
+    assert np.array_equal(order, np.argsort(keys[:n], kind="stable"))
+    assert np.array_equal(sorting.sorted_copy(keys, n), np.sort(keys[:n]))
+    ascending = np.sort(keys[:n])
+    for value in [probe, *values[:5]]:
+        assert sorting.search_left(ascending, value) == np.searchsorted(ascending, value)
 
 
 def _batches(rng, count, max_size=10, max_new=80, max_context=80):

@@ -20,7 +20,7 @@ import numba
 from replay.data import cache_dir
 
 #: The modules that define @njit functions: their sources key the cache.
-_NJIT_MODULES = ("decisions.py", "kernels.py", "pricing.py")
+_NJIT_MODULES = ("decisions.py", "kernels.py", "pricing.py", "sorting.py")
 
 
 def _cache_dir() -> str:

@@ -50,6 +50,7 @@ from replay.compiled.pricing import (
     VIDUR,
     price,
 )
+from replay.compiled.sorting import sorted_copy, stable_argsort
 from replay.timing.vidur_tables import TOKEN_ROUNDING
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
@@ -158,7 +159,7 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
     if k > 1:  # in queue-key order (keys are unique)
         for i in range(k):
             scratch[i] = queue_key[victims[i]]
-        order = np.argsort(scratch[:k])
+        order = stable_argsort(scratch, k)
         for i in range(k):
             scratch[i] = victims[order[i]]
         for i in range(k):
@@ -273,7 +274,7 @@ def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, 
             nj += 1
     ints[I_JOINED] = 0
     if nj:
-        keys = np.sort(scratch[:nj])
+        keys = sorted_copy(scratch, nj)
         for i in range(length):
             scratch2[i] = mc_order[i]
         a = 0
