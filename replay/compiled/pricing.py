@@ -6,7 +6,6 @@ exactly the float its Python twin returns: the same operations in the same order
 and numpy's pairwise summation (:func:`pairwise_sum`) wherever the twin sums a float
 array. Integer sums are exact in any order.
 
-* :func:`unit_duration`: :class:`replay.timing.simple.UnitTiming`;
 * :func:`linear_duration`: :class:`replay.timing.simple.LinearTiming`;
 * :func:`vidur_duration`: :class:`replay.timing.vidur.VidurTiming`, its in-range lookups
   and its ``out_of_range=extrapolate`` rule; out of range it counts the batch per kind
@@ -21,6 +20,8 @@ from numba import njit
 
 from replay.timing.vidur_tables import CHUNK_ROUNDING, TOKEN_ROUNDING
 
+#: The backends (:class:`replay.timing.simple.UnitTiming` prices every batch 1.0: no
+#: function here).
 UNIT, LINEAR, VIDUR = 0, 1, 2
 #: Indices of the Vidur integer parameters in ``vidur_ints``.
 V_GRANULARITY, V_MAX_TOKENS, V_MAX_BATCH, V_MAX_CHUNK, V_CHECK_CHUNK, V_ERROR = range(6)
@@ -93,11 +94,6 @@ def pairwise_sum(a, lo, n):
             frame_lo[frames], frame_n[frames], frame_join[frames] = at, half, False
             frames += 1
     return values[0]
-
-
-@njit(cache=True)
-def unit_duration(new_tokens, context, is_prefill, m):
-    return 1.0
 
 
 @njit(cache=True)
@@ -228,18 +224,3 @@ def _vidur_out_of_range(new_tokens, context, m, total, n_decode, token_ms, decod
     if p:
         ms += pairwise_sum(scratch, 0, p)
     return ms * ms_to_s
-
-
-@njit(cache=True)
-def price(kind, new_tokens, context, is_prefill, m, linear, token_ms, decode_ms, prefill_ms,
-          vidur_ints, out_of_range, scratch):
-    """One iteration's duration under backend ``kind`` (:data:`UNIT`, :data:`LINEAR`,
-    :data:`VIDUR`); ``linear`` holds ``d0, d1, d2``, Vidur's ``ms_to_s`` (index 3), then
-    ``d3, d4`` (indices 4, 5)."""
-    if kind == LINEAR:
-        return linear_duration(new_tokens, context, is_prefill, m, linear[0], linear[1],
-                               linear[2], linear[4], linear[5])
-    if kind == VIDUR:
-        return vidur_duration(new_tokens, context, m, token_ms, decode_ms, prefill_ms,
-                              linear[3], vidur_ints, out_of_range, scratch)
-    return 1.0
