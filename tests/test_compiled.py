@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -157,7 +161,7 @@ def test_pairwise_sum_is_numpys_sum():
     rng = np.random.default_rng(3)
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 4097]:
         a = rng.random(n) * 10.0 ** rng.integers(-4, 4, n)
-        assert pricing.pairwise_sum(a, 0, n) == float(a.sum())
+        assert pricing.pairwise_sum(a) == float(a.sum())
 
 
 @settings(max_examples=200, deadline=None)
@@ -365,14 +369,47 @@ def test_a_policy_without_a_compiled_decision_is_reported_unsupported():
 def test_the_disk_cache_is_keyed_by_every_module_with_compiled_functions():
     # numba keys a cached function by its own file only, so the package keys its cache
     # folder by these modules' sources; a new module of @njit functions must be listed.
-    from pathlib import Path
-
     import replay.compiled as package
 
     folder = Path(package.__file__).parent
     compiled = {path.name for path in folder.glob("*.py")
                 if path.name != "__init__.py" and "\n@njit(" in path.read_text()}
     assert compiled == set(package._NJIT_MODULES)
+
+
+ONE_LOOP_EACH = [("vllm", "vidur"), ("sarathi", "vidur"), ("fcfs", "vidur"), ("mcsf", "vidur"),
+                 ("protection", "unit"), ("wait", "linear"), ("nested_wait", "linear")]
+
+
+@pytest.mark.slow
+def test_a_cold_compile_compiles_each_function_once(tmp_path):
+    # A second signature (such as a literal 0 for an int64) is a second compile of the
+    # function for nothing. Decode stretches are specialized by backend, so the loops that
+    # stretch share one backend here. In a fresh process with an empty cache: a loaded
+    # loop would not compile its callees at all.
+    script = f"""
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+from replay.compiled import compile_kernels, decisions, kernels, pricing, sorting
+from replay.engine.kv import explicit
+from replay.engine.loop import Engine
+from replay.engine.requests import Requests
+from tests.test_compiled import POLICIES, TIMINGS
+
+requests = Requests(np.array([2, 3]), np.array([2, 2]), arrival=np.zeros(2),
+                    type_id=np.array([0, 1]))
+for policy, timing in {ONE_LOOP_EACH!r}:
+    assert compile_kernels(Engine(requests, POLICIES[policy](), TIMINGS[timing](),
+                                  explicit(64))) > 0
+for module in (decisions, kernels, pricing, sorting):
+    for name, function in vars(module).items():
+        if isinstance(function, Dispatcher) and len(function.signatures) > 1:
+            print(name, *function.signatures, sep="\\n  ")
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).parent.parent)
+    assert done.stdout == ""
 
 
 def test_an_engine_that_has_run_is_refused():
@@ -462,7 +499,6 @@ def test_a_run_records_which_step_loop_ran_and_why():
 
 def test_without_numba_a_run_falls_back_to_python_with_one_warning(monkeypatch, caplog):
     import logging
-    import sys
 
     from replay import run as run_module
     from replay.config import compose_config

@@ -36,7 +36,7 @@ V_MAX_SEQS, V_MAX_TOKENS, V_WATERMARK = 0, 1, 2
 S_CHUNK, S_MAX_SEQS, S_WATERMARK, S_RESERVE = 0, 1, 2, 3
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def blocks(tokens, block):
     return (tokens + (block - 1)) // block
 
@@ -114,7 +114,7 @@ def vllm_decide(params, kv_capacity, block, prefill_len, held, queue, head, tail
 
 
 # ----------------------------------------------------------------------- Sarathi-like
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sarathi_chunk(rid, room_blocks, limited, budget, block, prefill_len, prefilled, held):
     """_ChunkPlan._chunk: the largest chunk of ``rid``'s remaining prefill within budget and
     (if ``limited``) ``room_blocks``."""
@@ -168,7 +168,7 @@ def sarathi_decide(params, kv_capacity, block, prefill_len, prefilled, held, que
             n_prefilling += 1
     free = capacity - used
     budget = params[S_CHUNK] - n_dec
-    n_chunks = 0
+    n_chunks = np.int64(0)
     for i in range(n_prefilling):
         rid = scratch2[i]
         budget, free, n_chunks = _sarathi_offer(rid, budget, free, reserve, block, prefill_len,
@@ -234,7 +234,7 @@ def _sarathi_offer(rid, budget, free, reserve, block, prefill_len, prefilled, he
     return budget, free, n_chunks
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len, prefilled, held,
                   chunk_of):
     """_ChunkPlan._take: returns the budget and free blocks left."""
@@ -478,7 +478,7 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
             taken[t] += 1
             start[n_start] = rid
             n_start += 1
-    n_active = 0
+    n_active = np.int64(0)
     for k in range(n_run):
         if ready[type_id[running[k]]]:
             scratch[n_active] = running[k]
@@ -547,7 +547,7 @@ def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, q
             open_segments = segments
     if open_segments == 0:
         return 0, 0, 0, 0, 0
-    n_active = 0
+    n_active = np.int64(0)
     for k in range(n_run):
         if segment[k] < open_segments:
             scratch[n_active] = running[k]

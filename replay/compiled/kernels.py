@@ -130,7 +130,7 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
           max_token_gap, running, queue, scratch, joined):
     """Engine._evict: free the KV of the running ``victims[:nv]`` and requeue them; returns
     how many were evicted. ``victims`` is reordered in place."""
-    k = 0
+    k = np.int64(0)
     for i in range(nv):
         if status[victims[i]] == RUNNING:
             victims[k] = victims[i]
@@ -268,7 +268,7 @@ def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, 
                 mc_member[rid] = False
         length = kept
         ints[I_LEFT] = 0
-    nj = 0
+    nj = np.int64(0)
     for i in range(ints[I_JOINED]):
         rid = joined[i]
         if status[rid] == WAITING and not mc_member[rid]:
@@ -695,7 +695,7 @@ def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_l
     return now, flushed
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _log(log_times, log_ints, log_failed, row, now, duration, batch, started, prefill, decode,
          peak, after, completed, evicted, failed):
     log_times[0, row] = now
