@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +23,14 @@ from policies.vllm import VLLMLike
 from policies.wait import Wait
 from replay.bench_compiled import assert_identical
 from replay.compiled import decisions as dec
-from replay.compiled import kernels, pricing, run_compiled, supports_compiled, unsupported_reason
+from replay.compiled import (
+    kernels,
+    pricing,
+    run_compiled,
+    sorting,
+    supports_compiled,
+    unsupported_reason,
+)
 from replay.compiled.driver import compiled_decision
 from replay.engine.kv import explicit
 from replay.engine.loop import Engine
@@ -150,7 +161,22 @@ def test_pairwise_sum_is_numpys_sum():
     rng = np.random.default_rng(3)
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 4097]:
         a = rng.random(n) * 10.0 ** rng.integers(-4, 4, n)
-        assert pricing.pairwise_sum(a, 0, n) == float(a.sum())
+        assert pricing.pairwise_sum(a) == float(a.sum())
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-2 ** 62, 2 ** 62) | st.integers(-3, 3), max_size=100),
+       extra=st.integers(0, 3), probe=st.integers(-4, 4))
+def test_sorting_helpers_are_numpys(values, extra, probe):
+    # small ranges too, for many ties; the buffer is longer than the sorted prefix
+    keys = np.array(values + [7] * extra, dtype=np.int64)
+    n = len(values)
+    order = sorting.stable_argsort(keys, n)
+    assert np.array_equal(order, np.argsort(keys[:n], kind="stable"))
+    assert np.array_equal(sorting.sorted_copy(keys, n), np.sort(keys[:n]))
+    ascending = np.sort(keys[:n])
+    for value in [probe, *values[:5]]:
+        assert sorting.search_left(ascending, value) == np.searchsorted(ascending, value)
 
 
 def _batches(rng, count, max_size=10, max_new=80, max_context=80):
@@ -343,14 +369,47 @@ def test_a_policy_without_a_compiled_decision_is_reported_unsupported():
 def test_the_disk_cache_is_keyed_by_every_module_with_compiled_functions():
     # numba keys a cached function by its own file only, so the package keys its cache
     # folder by these modules' sources; a new module of @njit functions must be listed.
-    from pathlib import Path
-
     import replay.compiled as package
 
     folder = Path(package.__file__).parent
     compiled = {path.name for path in folder.glob("*.py")
                 if path.name != "__init__.py" and "\n@njit(" in path.read_text()}
     assert compiled == set(package._NJIT_MODULES)
+
+
+ONE_LOOP_EACH = [("vllm", "vidur"), ("sarathi", "vidur"), ("fcfs", "vidur"), ("mcsf", "vidur"),
+                 ("protection", "unit"), ("wait", "linear"), ("nested_wait", "linear")]
+
+
+@pytest.mark.slow
+def test_a_cold_compile_compiles_each_function_once(tmp_path):
+    # A second signature (such as a literal 0 for an int64) is a second compile of the
+    # function for nothing. Decode stretches are specialized by backend, so the loops that
+    # stretch share one backend here. In a fresh process with an empty cache: a loaded
+    # loop would not compile its callees at all.
+    script = f"""
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+from replay.compiled import compile_kernels, decisions, kernels, pricing, sorting
+from replay.engine.kv import explicit
+from replay.engine.loop import Engine
+from replay.engine.requests import Requests
+from tests.test_compiled import POLICIES, TIMINGS
+
+requests = Requests(np.array([2, 3]), np.array([2, 2]), arrival=np.zeros(2),
+                    type_id=np.array([0, 1]))
+for policy, timing in {ONE_LOOP_EACH!r}:
+    assert compile_kernels(Engine(requests, POLICIES[policy](), TIMINGS[timing](),
+                                  explicit(64))) > 0
+for module in (decisions, kernels, pricing, sorting):
+    for name, function in vars(module).items():
+        if isinstance(function, Dispatcher) and len(function.signatures) > 1:
+            print(name, *function.signatures, sep="\\n  ")
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).parent.parent)
+    assert done.stdout == ""
 
 
 def test_an_engine_that_has_run_is_refused():
@@ -440,7 +499,6 @@ def test_a_run_records_which_step_loop_ran_and_why():
 
 def test_without_numba_a_run_falls_back_to_python_with_one_warning(monkeypatch, caplog):
     import logging
-    import sys
 
     from replay import run as run_module
     from replay.config import compose_config

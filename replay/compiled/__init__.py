@@ -9,6 +9,13 @@ lives in a folder named by a hash of the sources of its compiled modules, under
 ``$NUMBA_CACHE_DIR`` if set, else ``numba/`` in kvsched's per-user cache folder; numba's
 own setting is restored once the functions are defined (other numba users in the process
 keep theirs).
+
+A cold compile is kept short by compiling each function once: numba compiles a called
+function once per distinct tuple of argument types, and types a constant argument, or at
+first a count that starts at ``0`` and grows in a loop, as the literal 0, which is a type
+of its own. So small helpers that are called with constants are inlined
+(``inline="always"``), and counts handed to another compiled function start as
+``np.int64(0)``; ``tests/test_compiled.py`` checks that every function got one signature.
 """
 
 import hashlib
@@ -20,7 +27,7 @@ import numba
 from replay.data import cache_dir
 
 #: The modules that define @njit functions: their sources key the cache.
-_NJIT_MODULES = ("decisions.py", "kernels.py", "pricing.py")
+_NJIT_MODULES = ("decisions.py", "kernels.py", "pricing.py", "sorting.py")
 
 
 def _cache_dir() -> str:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from replay.compiled.sorting import search_left, sorted_copy, stable_argsort
+
 VLLM, SARATHI, FCFS, MCSF, PROTECTION, WAIT, NESTED_WAIT = 0, 1, 2, 3, 4, 5, 6
 EVICT_LIFO, CLEAR_ALL, CLEAR_WITH_PROB = 0, 1, 2
 ASK_PYTHON = 1
@@ -34,7 +36,7 @@ V_MAX_SEQS, V_MAX_TOKENS, V_WATERMARK = 0, 1, 2
 S_CHUNK, S_MAX_SEQS, S_WATERMARK, S_RESERVE = 0, 1, 2, 3
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def blocks(tokens, block):
     return (tokens + (block - 1)) // block
 
@@ -50,7 +52,7 @@ def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
     excess = total - capacity_blocks
     if excess <= 0:
         return -1
-    order = np.argsort(ids[:n])
+    order = stable_argsort(ids, n)
     freed = 0
     for k in range(n - 1, -1, -1):
         freed += blocks_after[order[k]]
@@ -112,7 +114,7 @@ def vllm_decide(params, kv_capacity, block, prefill_len, held, queue, head, tail
 
 
 # ----------------------------------------------------------------------- Sarathi-like
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sarathi_chunk(rid, room_blocks, limited, budget, block, prefill_len, prefilled, held):
     """_ChunkPlan._chunk: the largest chunk of ``rid``'s remaining prefill within budget and
     (if ``limited``) ``room_blocks``."""
@@ -166,7 +168,7 @@ def sarathi_decide(params, kv_capacity, block, prefill_len, prefilled, held, que
             n_prefilling += 1
     free = capacity - used
     budget = params[S_CHUNK] - n_dec
-    n_chunks = 0
+    n_chunks = np.int64(0)
     for i in range(n_prefilling):
         rid = scratch2[i]
         budget, free, n_chunks = _sarathi_offer(rid, budget, free, reserve, block, prefill_len,
@@ -232,7 +234,7 @@ def _sarathi_offer(rid, budget, free, reserve, block, prefill_len, prefilled, he
     return budget, free, n_chunks
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sarathi_take(rid, chunk, budget, free, reserve, block, prefill_len, prefilled, held,
                   chunk_of):
     """_ChunkPlan._take: returns the budget and free blocks left."""
@@ -271,7 +273,7 @@ def _peak_and_checkpoint(base, remaining, n, order_key):
     in descending ``remaining`` order)."""
     for k in range(n):
         order_key[k] = -remaining[k]
-    order = np.argsort(order_key[:n])
+    order = stable_argsort(order_key, n)
     best = 0
     at = 0
     cumulative = 0
@@ -412,7 +414,7 @@ def overflow_evict(kind, beta, rng, holders, held_after, n_holders, kv_capacity,
 def _first_per_group(keys, limits, n, keep):
     """policies.common.staging.first_per_group over ``keys[:n]``: ``keep[k]`` is True for the first
     ``limits[k]`` elements of each key, in input order."""
-    order = np.argsort(keys[:n], kind="mergesort")
+    order = stable_argsort(keys, n)
     rank = 0
     for i in range(n):
         j = order[i]
@@ -476,12 +478,12 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
             taken[t] += 1
             start[n_start] = rid
             n_start += 1
-    n_active = 0
+    n_active = np.int64(0)
     for k in range(n_run):
         if ready[type_id[running[k]]]:
             scratch[n_active] = running[k]
             n_active += 1
-    active = np.sort(scratch[:n_active])
+    active = sorted_copy(scratch, n_active)
     # The first per_stage[type] of each stage key (type, generated), oldest first: counted
     # per key while the keys stay in the table, else ranked by a stable sort.
     size = types * params[0]
@@ -520,11 +522,10 @@ def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, q
     inner = params[1 + segments:]
     entry = np.zeros(segments, dtype=np.int64)
     entry[0] = tail - head
-    position = np.searchsorted(inner, generated[running[:n_run]])
     segment = np.empty(n_run, dtype=np.int64)
     for k in range(n_run):
         stage = generated[running[k]]
-        p = position[k]
+        p = search_left(inner, stage)
         at_entry = inner.size > 0 and inner[min(p, inner.size - 1)] == stage
         if at_entry:
             entry[1 + p] += 1
@@ -546,12 +547,12 @@ def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, q
             open_segments = segments
     if open_segments == 0:
         return 0, 0, 0, 0, 0
-    n_active = 0
+    n_active = np.int64(0)
     for k in range(n_run):
         if segment[k] < open_segments:
             scratch[n_active] = running[k]
             n_active += 1
-    order = np.argsort(scratch[:n_active])
+    order = stable_argsort(scratch, n_active)
     active = np.empty(n_active, dtype=np.int64)
     limits = scratch2
     for k in range(n_active):

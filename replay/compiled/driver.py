@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import pandas as pd
 
@@ -129,6 +130,8 @@ def _policy_params(policy, kv_tokens: int, block: int, type_id: np.ndarray | Non
 
 
 def _timing_params(timing):
+    """The backend's parameters as the step loops read them: ``linear`` holds LinearTiming's
+    ``d0, d1, d2``, Vidur's ``ms_to_s`` (index 3), then ``d3, d4`` (indices 4, 5)."""
     linear = np.zeros(6, dtype=np.float64)
     vidur_ints = np.zeros(6, dtype=np.int64)
     token_ms = np.zeros(1, dtype=np.float64)
@@ -169,11 +172,10 @@ class _Run:
                                   else e.max_starts_per_round)
         config[k.C_RECOMPUTE] = e.preemption == "recompute"
         config[k.C_REQUEUE_BACK] = e.requeue == "back"
-        config[k.C_POLICY] = POLICIES[type(policy)]
         config[k.C_OVERFLOW] = OVERFLOW_RULES[type(policy.overflow)]
-        config[k.C_TIMING] = TIMINGS[type(e.timing)]
         config[k.C_FAST_FORWARD] = bool(e.fast_forward)
         self.config = config
+        self.step_loop = _step_loop_of(e)
         policy_ints, policy_floats = _policy_params(policy, e.kv.tokens, e.kv.block_size,
                                                     e.type_id)
         beta = float(getattr(policy.overflow, "beta", 0.0))
@@ -214,9 +216,12 @@ class _Run:
                           *(np.zeros(n, dtype=i64) for _ in range(3)),
                           np.zeros(max(n, 1), dtype=np.float64))
 
+    def args(self) -> tuple:
+        return (*self.args_head, self.log_times, self.log_ints, self.log_failed,
+                *self.args_tail)
+
     def call(self) -> int:
-        return k.step_loop(*self.args_head, self.log_times, self.log_ints, self.log_failed,
-                           *self.args_tail)
+        return self.step_loop(*self.args())
 
     def fold_pending(self) -> None:
         gaps, start = self.engine.token_gaps, 0
@@ -288,31 +293,44 @@ class _Run:
         return status, ""
 
 
-def compile_kernels() -> float:
-    """Compile (or load from numba's disk cache) the step loop if this process has not yet;
-    returns the seconds that took (0 when it was ready)."""
-    if k.step_loop.signatures:
-        return 0.0
-    from replay.engine.kv import explicit
-    from replay.engine.requests import Requests
+def _step_loop_of(engine: Engine):
+    return k.STEP_LOOPS[POLICIES[type(engine.policy)], TIMINGS[type(engine.timing)]]
 
+
+def compile_kernels(engine: Engine) -> float:
+    """Compile (or load from numba's disk cache) the step loop for ``engine``'s policy and
+    timing backend if this process has not yet, without running the engine; returns the
+    seconds that took (0 when it was ready)."""
+    _refuse_unsupported(engine)
+    return _compile(engine)
+
+
+def _compile(engine: Engine) -> float:
+    step_loop = _step_loop_of(engine)
+    if step_loop.signatures:  # the arguments' types are the same for every run
+        return 0.0
     started = time.perf_counter()
-    tiny = Engine(Requests(np.array([2, 3]), np.array([2, 2]), arrival=np.zeros(2)),
-                  VLLMLike(EvictLIFO()), UnitTiming(), explicit(64))
-    _Run(tiny).call()
+    # A run's arguments give the signature. Building them here, timed with the compile, also
+    # takes part of the first replay's extra cost out of its loop time: the process's first
+    # large arrays get fresh pages from the C allocator, later ones reuse freed memory.
+    step_loop.compile(tuple(numba.typeof(arg) for arg in _Run(engine).args()))
     return time.perf_counter() - started
+
+
+def _refuse_unsupported(engine: Engine) -> None:
+    reason = unsupported_reason(engine)
+    if reason is not None:
+        raise ValueError(f"no compiled path: {reason}; use Engine.run()")
 
 
 def run_compiled(engine: Engine) -> CompiledRunResult:
     """Replay ``engine`` (constructed, not yet run) on the compiled path; the result is the one
     ``engine.run()`` would return (see the module docstring for the timing fields)."""
-    reason = unsupported_reason(engine)
-    if reason is not None:
-        raise ValueError(f"no compiled path: {reason}; use Engine.run()")
+    _refuse_unsupported(engine)
     if hasattr(engine, "queue") or np.count_nonzero(engine.status):
         raise ValueError("run_compiled: the engine has run already; construct a new one "
                          "(an Engine replays once)")
-    compile_time = compile_kernels()
+    compile_time = _compile(engine)
     started = time.perf_counter()
     run = _Run(engine)
     while True:

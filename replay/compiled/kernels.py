@@ -1,7 +1,7 @@
 """The compiled step loop: ``Engine.run``'s loop as one ``@njit`` function over the engine's
-state arrays.
+state arrays, one per policy and timing backend (:data:`STEP_LOOPS`).
 
-:func:`step_loop` runs steps (arrivals, decision, caps, shape, price, KV check, overflow,
+A step loop runs steps (arrivals, decision, caps, shape, price, KV check, overflow,
 execution, completions, token gaps, the iteration row) exactly as ``Engine.run`` does
 without fast-forwarding, which the engine defines to give the same results as with it.
 It returns to its caller (:mod:`replay.compiled.driver`) at a step boundary when
@@ -29,6 +29,7 @@ from replay.compiled.decisions import (
     ASK_PYTHON,
     FCFS,
     MCSF,
+    NESTED_WAIT,
     PROTECTION,
     SARATHI,
     VLLM,
@@ -44,12 +45,15 @@ from replay.compiled.decisions import (
 )
 from replay.compiled.pricing import (
     LINEAR,
+    UNIT,
     V_GRANULARITY,
     V_MAX_BATCH,
     V_MAX_TOKENS,
     VIDUR,
-    price,
+    linear_duration,
+    vidur_duration,
 )
+from replay.compiled.sorting import sorted_copy, stable_argsort
 from replay.timing.vidur_tables import TOKEN_ROUNDING
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
@@ -64,8 +68,8 @@ STATUS_COMPLETED, STATUS_LIVELOCK, STATUS_STALLED, STATUS_STEP_LIMIT = range(4)
 N_INTS = 22
 # ``config``: the run's options
 (C_N, C_CAPACITY, C_BLOCK, C_LIVELOCK, C_MAX_STEPS, C_MAX_RUNNING, C_MAX_STARTS, C_RECOMPUTE,
- C_REQUEUE_BACK, C_POLICY, C_OVERFLOW, C_TIMING, C_FAST_FORWARD) = range(13)
-N_CONFIG = 13
+ C_REQUEUE_BACK, C_OVERFLOW, C_FAST_FORWARD) = range(11)
+N_CONFIG = 11
 # integer iteration columns (``log_ints``), after start_time and duration, before failed
 (L_BATCH, L_STARTED, L_PREFILL, L_DECODE, L_PEAK, L_AFTER, L_COMPLETED, L_EVICTED) = range(8)
 
@@ -126,7 +130,7 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
           max_token_gap, running, queue, scratch, joined):
     """Engine._evict: free the KV of the running ``victims[:nv]`` and requeue them; returns
     how many were evicted. ``victims`` is reordered in place."""
-    k = 0
+    k = np.int64(0)
     for i in range(nv):
         if status[victims[i]] == RUNNING:
             victims[k] = victims[i]
@@ -158,7 +162,7 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
     if k > 1:  # in queue-key order (keys are unique)
         for i in range(k):
             scratch[i] = queue_key[victims[i]]
-        order = np.argsort(scratch[:k])
+        order = stable_argsort(scratch, k)
         for i in range(k):
             scratch[i] = victims[order[i]]
         for i in range(k):
@@ -264,7 +268,7 @@ def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, 
                 mc_member[rid] = False
         length = kept
         ints[I_LEFT] = 0
-    nj = 0
+    nj = np.int64(0)
     for i in range(ints[I_JOINED]):
         rid = joined[i]
         if status[rid] == WAITING and not mc_member[rid]:
@@ -273,7 +277,7 @@ def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, 
             nj += 1
     ints[I_JOINED] = 0
     if nj:
-        keys = np.sort(scratch[:nj])
+        keys = sorted_copy(scratch, nj)
         for i in range(length):
             scratch2[i] = mc_order[i]
         a = 0
@@ -292,298 +296,315 @@ def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, 
     return length
 
 
-@njit(cache=True)
-def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_linear, token_ms,
-              decode_ms, prefill_ms, vidur_ints, out_of_range, arrival, prompt_len, output_len,
-              estimate, type_id, status, prefill_len, prefilled, generated, held, start_iteration,
-              evictions, queue_key, start_time, first_token_time, completion_time,
-              last_token_time, max_token_gap, ints, now_box, queue, running, log_times,
-              log_ints, log_failed, hist_buffer, pending, seg_ends, mc_order, mc_member,
-              joined, chunk_of, start, advance, preempt, chunk_ids, members, chunk, gain,
-              new_tokens, context, is_prefill, scratch, scratch2, scratch3, float_scratch):
-    n = config[C_N]
-    capacity = config[C_CAPACITY]
-    block = config[C_BLOCK]
-    policy = config[C_POLICY]
-    now = now_box[0]
-    while ints[I_COMPLETED] < n:
-        if ints[I_LOG] >= log_failed.size:
-            now_box[0] = now
-            return EXIT_LOG_FULL
-        # -- arrivals
-        release_arrivals(arrival, now, status, queue_key, queue, ints, n, scratch, joined)
-        released = ints[I_RELEASED]
-        next_arrival = arrival[released] if released < n else np.inf
-        n_run = ints[I_NRUN]
-        head, tail = ints[I_QHEAD], ints[I_QTAIL]
-        if tail == head and n_run == 0:
-            now = next_arrival
-            continue
-        if ints[I_IDLE] > config[C_LIVELOCK]:
-            ints[I_STATUS] = STATUS_LIVELOCK
-            break
-        if config[C_MAX_STEPS] >= 0 and ints[I_STEPS] >= config[C_MAX_STEPS]:
-            ints[I_STATUS] = STATUS_STEP_LIMIT
-            break
+def _step_loop(policy, timing):
+    """The step loop of one policy and timing backend (see :data:`STEP_LOOPS`)."""
+    # Numba prunes the branches on these constants: a loop types and compiles only the
+    # callees its policy and backend reach.
+    preempts = policy in (VLLM, SARATHI)  # the decisions that preempt
+    # Decisions that may promise UNTIL_CHANGE: only their loops stretch steady decodes.
+    may_stretch = policy in (VLLM, SARATHI, FCFS, MCSF)
 
-        # -- the policy's decision
-        kv_held = ints[I_KV_HELD]
-        n_chunks = 0
-        n_pre = 0
-        n_adv = -1
-        error = 0
-        if policy == VLLM:
-            n_start, n_adv, n_pre, n_chunks, error = vllm_decide(
-                policy_ints, capacity, block, prefill_len, held, queue, head, tail, running,
-                n_run, start, advance, preempt, scratch)
-        elif policy == SARATHI:
-            n_start, n_adv, n_pre, n_chunks, error = sarathi_decide(
-                policy_ints, capacity, block, prefill_len, prefilled, held, queue, head, tail,
-                running, n_run, start, advance, preempt, chunk_of, chunk_ids, scratch,
-                scratch2)
-        elif policy == FCFS:
-            n_start = lookahead_decide(queue[head:tail], tail - head, capacity, block, kv_held,
-                                       prompt_len, prefill_len, generated, estimate, running,
-                                       n_run, start, scratch, scratch2, scratch3,
-                                       ints[I_HINT:I_HINT + 1], ints[I_ITERATION])
-        elif policy == MCSF:
-            if tail == head:
-                n_start = 0
-            else:
-                length = mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n,
-                                    scratch, scratch2)
-                n_start = lookahead_decide(mc_order, length, capacity, block, kv_held,
-                                           prompt_len, prefill_len, generated, estimate,
-                                           running, n_run, start, scratch, scratch2, scratch3,
-                                           ints[I_HINT:I_HINT + 1], ints[I_ITERATION])
-        elif policy == PROTECTION:
-            n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
-                                        head, tail, start)
-        elif policy == WAIT:
-            n_start, n_adv, n_pre, n_chunks, error = wait_decide(
-                policy_ints, policy_floats, now, released < n, type_id, arrival, generated,
-                queue, head, tail, running, n_run, start, advance, scratch, scratch2,
-                is_prefill)
-        else:  # NESTED_WAIT
-            n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
-                policy_ints, policy_floats, now, released < n, arrival, generated, queue, head,
-                tail, running, n_run, start, advance, scratch, scratch2, is_prefill)
-        if policy != MCSF:
-            ints[I_JOINED] = 0
-        # Whether the Python decision promises UNTIL_CHANGE (Batch.steady_steps): it then
-        # repeats until an arrival, a completion or the KV limit.
-        if policy == VLLM:
-            steady = n_adv < 0 and n_start == 0
-        elif policy == SARATHI:
-            steady = n_start == 0 and n_pre == 0 and n_adv == n_run
-        elif policy == FCFS:
-            steady = n_start == 0 and (tail == head or kv_held + n_run
-                                       + prefill_len[queue[head]] + 1 > capacity)
-        elif policy == MCSF:
-            steady = n_start == 0 and (tail == head or kv_held + n_run
-                                       + prefill_len[mc_order[0]] + 1 > capacity)
-        else:
-            steady = False
-        if error == ASK_PYTHON:
-            now_box[0] = now
-            return EXIT_ASK_POLICY
-        ints[I_DECISIONS] += 1
-
-        n_evicted = 0
-        if n_pre:
-            n_evicted = evict(preempt, n_pre, config, ints, status, prompt_len, prefill_len,
-                              prefilled, generated, held, start_iteration, evictions, queue_key,
-                              first_token_time, last_token_time, max_token_gap, running, queue,
-                              scratch, joined)
+    @njit(cache=True)
+    def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_linear,
+                  token_ms, decode_ms, prefill_ms, vidur_ints, out_of_range, arrival, prompt_len,
+                  output_len, estimate, type_id, status, prefill_len, prefilled, generated, held,
+                  start_iteration, evictions, queue_key, start_time, first_token_time,
+                  completion_time, last_token_time, max_token_gap, ints, now_box, queue, running,
+                  log_times, log_ints, log_failed, hist_buffer, pending, seg_ends, mc_order,
+                  mc_member, joined, chunk_of, start, advance, preempt, chunk_ids, members, chunk,
+                  gain, new_tokens, context, is_prefill, scratch, scratch2, scratch3,
+                  float_scratch):
+        n = config[C_N]
+        capacity = config[C_CAPACITY]
+        block = config[C_BLOCK]
+        now = now_box[0]
+        while ints[I_COMPLETED] < n:
+            if ints[I_LOG] >= log_failed.size:
+                now_box[0] = now
+                return EXIT_LOG_FULL
+            # -- arrivals
+            release_arrivals(arrival, now, status, queue_key, queue, ints, n, scratch, joined)
+            released = ints[I_RELEASED]
+            next_arrival = arrival[released] if released < n else np.inf
             n_run = ints[I_NRUN]
-        if config[C_MAX_RUNNING] >= 0 and n_run + n_start > config[C_MAX_RUNNING]:
-            n_start = min(n_start, max(0, config[C_MAX_RUNNING] - n_run))
-        if config[C_MAX_STARTS] >= 0:
-            n_start = min(n_start, config[C_MAX_STARTS])
-        if n_adv < 0:
-            m = n_run
-            for i in range(n_run):
-                members[i] = running[i]
-        else:
-            m = n_adv
-            for i in range(n_adv):
-                members[i] = advance[i]
-        for i in range(n_start):
-            members[m + i] = start[i]
-        m += n_start
-        if m == 0:
-            for i in range(n_chunks):
-                chunk_of[chunk_ids[i]] = 0
-            if released < n:
+            head, tail = ints[I_QHEAD], ints[I_QTAIL]
+            if tail == head and n_run == 0:
                 now = next_arrival
                 continue
-            ints[I_STATUS] = STATUS_STALLED
-            break
+            if ints[I_IDLE] > config[C_LIVELOCK]:
+                ints[I_STATUS] = STATUS_LIVELOCK
+                break
+            if config[C_MAX_STEPS] >= 0 and ints[I_STEPS] >= config[C_MAX_STEPS]:
+                ints[I_STATUS] = STATUS_STEP_LIMIT
+                break
 
-        # -- the iteration's shape, price and KV peak
-        prefill_total = 0
-        gain_total = 0
-        n_prefill = 0
-        new_blocks = 0
-        for i in range(m):
-            rid = members[i]
-            remaining = prefill_len[rid] - prefilled[rid]
-            c = remaining
-            if chunk_of[rid] > 0:
-                c = chunk_of[rid]
-            chunk[i] = c
-            prefill_total += c
-            context[i] = held[rid]
-        for i in range(n_chunks):
-            chunk_of[chunk_ids[i]] = 0
-        decode_only = prefill_total == 0
-        for i in range(m):
-            rid = members[i]
-            if decode_only:
-                g = 1
-                is_prefill[i] = False
-                new_tokens[i] = 1
+            # -- the policy's decision
+            kv_held = ints[I_KV_HELD]
+            n_chunks = 0
+            n_pre = 0
+            n_adv = -1
+            error = 0
+            if policy == VLLM:
+                n_start, n_adv, n_pre, n_chunks, error = vllm_decide(
+                    policy_ints, capacity, block, prefill_len, held, queue, head, tail, running,
+                    n_run, start, advance, preempt, scratch)
+            elif policy == SARATHI:
+                n_start, n_adv, n_pre, n_chunks, error = sarathi_decide(
+                    policy_ints, capacity, block, prefill_len, prefilled, held, queue, head, tail,
+                    running, n_run, start, advance, preempt, chunk_of, chunk_ids, scratch,
+                    scratch2)
+            elif policy == FCFS:
+                n_start = lookahead_decide(queue[head:tail], tail - head, capacity, block, kv_held,
+                                           prompt_len, prefill_len, generated, estimate, running,
+                                           n_run, start, scratch, scratch2, scratch3,
+                                           ints[I_HINT:I_HINT + 1], ints[I_ITERATION])
+            elif policy == MCSF:
+                if tail == head:
+                    n_start = 0
+                else:
+                    length = mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n,
+                                        scratch, scratch2)
+                    n_start = lookahead_decide(mc_order, length, capacity, block, kv_held,
+                                               prompt_len, prefill_len, generated, estimate,
+                                               running, n_run, start, scratch, scratch2, scratch3,
+                                               ints[I_HINT:I_HINT + 1], ints[I_ITERATION])
+            elif policy == PROTECTION:
+                n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
+                                            head, tail, start)
+            elif policy == WAIT:
+                n_start, n_adv, n_pre, n_chunks, error = wait_decide(
+                    policy_ints, policy_floats, now, released < n, type_id, arrival, generated,
+                    queue, head, tail, running, n_run, start, advance, scratch, scratch2,
+                    is_prefill)
+            else:  # NESTED_WAIT
+                n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
+                    policy_ints, policy_floats, now, released < n, arrival, generated, queue, head,
+                    tail, running, n_run, start, advance, scratch, scratch2, is_prefill)
+            if policy != MCSF:
+                ints[I_JOINED] = 0
+            # Whether the Python decision promises UNTIL_CHANGE (Batch.steady_steps): it then
+            # repeats until an arrival, a completion or the KV limit.
+            if policy == VLLM:
+                steady = n_adv < 0 and n_start == 0
+            elif policy == SARATHI:
+                steady = n_start == 0 and n_pre == 0 and n_adv == n_run
+            elif policy == FCFS:
+                steady = n_start == 0 and (tail == head or kv_held + n_run
+                                           + prefill_len[queue[head]] + 1 > capacity)
+            elif policy == MCSF:
+                steady = n_start == 0 and (tail == head or kv_held + n_run
+                                           + prefill_len[mc_order[0]] + 1 > capacity)
             else:
-                remaining = prefill_len[rid] - prefilled[rid]
-                is_prefill[i] = remaining > 0
-                if remaining > 0:
-                    n_prefill += 1
-                g = chunk[i] + (1 if chunk[i] == remaining else 0)
-                new_tokens[i] = max(chunk[i], 1)
-            gain[i] = g
-            gain_total += g
-            if block > 1:
-                new_blocks += blocks(context[i] + g, block) - blocks(context[i], block)
-        n_decode = m - n_prefill
-        duration = price(config[C_TIMING], new_tokens, context, is_prefill, m, timing_linear,
-                         token_ms, decode_ms, prefill_ms, vidur_ints, out_of_range,
-                         float_scratch)
-        if np.isnan(duration):
-            ints[I_M] = m
-            now_box[0] = now
-            return EXIT_PRICE_ERROR
-        kv_peak = ints[I_KV_HELD] + gain_total  # after the decision's preemptions
-        if block > 1:
-            kv_peak = (ints[I_BLOCKS_HELD] + new_blocks) * block
-        ints[I_STEPS] += 1
-        row = ints[I_LOG]
+                steady = False
+            if error == ASK_PYTHON:
+                now_box[0] = now
+                return EXIT_ASK_POLICY
+            ints[I_DECISIONS] += 1
 
-        # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
-        if kv_peak > capacity:
-            # holders: the running requests, then the starts; gains by membership
-            n_holders = n_run + n_start
-            for i in range(n_run):
-                scratch2[running[i]] = 0
+            n_evicted = 0
+            if preempts and n_pre:
+                n_evicted = evict(preempt, n_pre, config, ints, status, prompt_len, prefill_len,
+                                  prefilled, generated, held, start_iteration, evictions, queue_key,
+                                  first_token_time, last_token_time, max_token_gap, running, queue,
+                                  scratch, joined)
+                n_run = ints[I_NRUN]
+            if config[C_MAX_RUNNING] >= 0 and n_run + n_start > config[C_MAX_RUNNING]:
+                n_start = min(n_start, max(0, config[C_MAX_RUNNING] - n_run))
+            if config[C_MAX_STARTS] >= 0:
+                n_start = min(n_start, config[C_MAX_STARTS])
+            if n_adv < 0:
+                m = n_run
+                for i in range(n_run):
+                    members[i] = running[i]
+            else:
+                m = n_adv
+                for i in range(n_adv):
+                    members[i] = advance[i]
+            for i in range(n_start):
+                members[m + i] = start[i]
+            m += n_start
+            if m == 0:
+                for i in range(n_chunks):
+                    chunk_of[chunk_ids[i]] = 0
+                if released < n:
+                    now = next_arrival
+                    continue
+                ints[I_STATUS] = STATUS_STALLED
+                break
+
+            # -- the iteration's shape, price and KV peak
+            prefill_total = 0
+            gain_total = 0
+            n_prefill = 0
+            new_blocks = 0
             for i in range(m):
-                scratch2[members[i]] = gain[i]
-            for i in range(n_run):
-                rid = running[i]
-                scratch[i] = rid
-                scratch3[i] = held[rid] + scratch2[rid]
-            for i in range(n_start):
-                rid = start[i]
-                scratch[n_run + i] = rid
-                scratch3[n_run + i] = held[rid] + scratch2[rid]
-            nv = overflow_evict(config[C_OVERFLOW], overflow_beta, rng, scratch, scratch3,
-                                n_holders, capacity, n_run, preempt)
-            n_evicted += evict(preempt, nv, config, ints, status, prompt_len, prefill_len,
-                               prefilled, generated, held, start_iteration, evictions,
-                               queue_key, first_token_time, last_token_time, max_token_gap,
-                               running, queue, scratch, joined)
-            _log(log_times, log_ints, log_failed, row, now, duration, m, n_start, prefill_total,
-                 n_decode, kv_peak, ints[I_KV_HELD], 0, n_evicted, True)
-            ints[I_LOG] = row + 1
-            now += duration
-            ints[I_IDLE] += 1
-            continue
-
-        # -- execution: admissions, progress, token times, completions
-        iteration = ints[I_ITERATION]
-        if n_start:
-            for i in range(n_start):
-                rid = start[i]
-                status[rid] = RUNNING
-                start_iteration[rid] = iteration
-                start_time[rid] = now
-                running[n_run + i] = rid
-            n_run += n_start
-            ints[I_NRUN] = n_run
-            ints[I_LEFT] = 1
-            # the queue without the starts (a prefix: its head moves); evictions may have
-            # rebuilt it since the decision
-            head, tail = ints[I_QHEAD], ints[I_QTAIL]
-            prefix = True
-            for i in range(n_start):
-                if status[queue[head + i]] == WAITING:
-                    prefix = False
-                    break
-            if prefix:
-                ints[I_QHEAD] = head + n_start
-            else:
-                kept = head
-                for q in range(head, tail):
-                    if status[queue[q]] == WAITING:
-                        queue[kept] = queue[q]
-                        kept += 1
-                ints[I_QTAIL] = kept
-        end = now + duration
-        n_gaps = 0
-        n_finished = 0
-        for i in range(m):
-            rid = members[i]
-            if decode_only:
-                generated[rid] += 1
-                held[rid] += 1
-                emits = True
-            else:
+                rid = members[i]
                 remaining = prefill_len[rid] - prefilled[rid]
-                emits = chunk[i] == remaining
-                prefilled[rid] += chunk[i]
-                if emits:
-                    generated[rid] += 1
-                held[rid] += gain[i]
-            if not emits:
-                continue
-            tokens = generated[rid]
-            if not decode_only and tokens == 1:
-                first_token_time[rid] = end
+                c = remaining
+                if chunk_of[rid] > 0:
+                    c = chunk_of[rid]
+                chunk[i] = c
+                prefill_total += c
+                context[i] = held[rid]
+            for i in range(n_chunks):
+                chunk_of[chunk_ids[i]] = 0
+            decode_only = prefill_total == 0
+            for i in range(m):
+                rid = members[i]
+                if decode_only:
+                    g = 1
+                    is_prefill[i] = False
+                    new_tokens[i] = 1
+                else:
+                    remaining = prefill_len[rid] - prefilled[rid]
+                    is_prefill[i] = remaining > 0
+                    if remaining > 0:
+                        n_prefill += 1
+                    g = chunk[i] + (1 if chunk[i] == remaining else 0)
+                    new_tokens[i] = max(chunk[i], 1)
+                gain[i] = g
+                gain_total += g
+                if block > 1:
+                    new_blocks += blocks(context[i] + g, block) - blocks(context[i], block)
+            n_decode = m - n_prefill
+            if timing == LINEAR:
+                duration = linear_duration(new_tokens, context, is_prefill, m, timing_linear[0],
+                                           timing_linear[1], timing_linear[2], timing_linear[4],
+                                           timing_linear[5])
+            elif timing == VIDUR:
+                duration = vidur_duration(new_tokens, context, m, token_ms, decode_ms,
+                                          prefill_ms, timing_linear[3], vidur_ints, out_of_range,
+                                          float_scratch)
             else:
-                gap = end - last_token_time[rid]
-                float_scratch[n_gaps] = gap
-                n_gaps += 1
-                max_token_gap[rid] = np.fmax(max_token_gap[rid], gap)
-            last_token_time[rid] = end
-            if tokens == output_len[rid]:
-                scratch[n_finished] = rid
-                n_finished += 1
-        ints[I_KV_HELD] += gain_total
-        if block > 1:
-            ints[I_BLOCKS_HELD] += new_blocks
-        folded = add_gaps(float_scratch, n_gaps, hist_buffer, pending, seg_ends, ints)
-        if n_finished:
-            complete(scratch, n_finished, end, config, ints, status, held, completion_time,
-                     running)
-            ints[I_COMPLETED] += n_finished
-            ints[I_IDLE] = 0
-        else:
-            ints[I_IDLE] += 1
-        _log(log_times, log_ints, log_failed, row, now, duration, m, n_start, prefill_total,
-             n_decode, kv_peak, ints[I_KV_HELD], n_finished, n_evicted, False)
-        ints[I_LOG] = row + 1
-        now = end
-        ints[I_ITERATION] = iteration + 1
-        if (steady and not folded and config[C_FAST_FORWARD] and decode_only
-                and n_start == 0 and n_evicted == 0 and n_finished == 0):
-            now, folded = decode_stretch(
-                members, m, now, next_arrival, config, ints, output_len, generated, held,
-                last_token_time, max_token_gap, timing_linear, token_ms, decode_ms,
-                vidur_ints, log_times, log_ints, log_failed, hist_buffer, pending, seg_ends,
-                float_scratch)
-        if folded:
-            now_box[0] = now
-            return EXIT_FOLD
-    now_box[0] = now
-    return EXIT_DONE
+                duration = 1.0
+            if np.isnan(duration):
+                ints[I_M] = m
+                now_box[0] = now
+                return EXIT_PRICE_ERROR
+            kv_peak = ints[I_KV_HELD] + gain_total  # after the decision's preemptions
+            if block > 1:
+                kv_peak = (ints[I_BLOCKS_HELD] + new_blocks) * block
+            ints[I_STEPS] += 1
+            row = ints[I_LOG]
+
+            # -- overflow: the attempt fails, its time is charged and the overflow rule evicts
+            if kv_peak > capacity:
+                # holders: the running requests, then the starts; gains by membership
+                n_holders = n_run + n_start
+                for i in range(n_run):
+                    scratch2[running[i]] = 0
+                for i in range(m):
+                    scratch2[members[i]] = gain[i]
+                for i in range(n_run):
+                    rid = running[i]
+                    scratch[i] = rid
+                    scratch3[i] = held[rid] + scratch2[rid]
+                for i in range(n_start):
+                    rid = start[i]
+                    scratch[n_run + i] = rid
+                    scratch3[n_run + i] = held[rid] + scratch2[rid]
+                nv = overflow_evict(config[C_OVERFLOW], overflow_beta, rng, scratch, scratch3,
+                                    n_holders, capacity, n_run, preempt)
+                n_evicted += evict(preempt, nv, config, ints, status, prompt_len, prefill_len,
+                                   prefilled, generated, held, start_iteration, evictions,
+                                   queue_key, first_token_time, last_token_time, max_token_gap,
+                                   running, queue, scratch, joined)
+                _log(log_times, log_ints, log_failed, row, now, duration, m, n_start, prefill_total,
+                     n_decode, kv_peak, ints[I_KV_HELD], 0, n_evicted, True)
+                ints[I_LOG] = row + 1
+                now += duration
+                ints[I_IDLE] += 1
+                continue
+
+            # -- execution: admissions, progress, token times, completions
+            iteration = ints[I_ITERATION]
+            if n_start:
+                for i in range(n_start):
+                    rid = start[i]
+                    status[rid] = RUNNING
+                    start_iteration[rid] = iteration
+                    start_time[rid] = now
+                    running[n_run + i] = rid
+                n_run += n_start
+                ints[I_NRUN] = n_run
+                ints[I_LEFT] = 1
+                # the queue without the starts (a prefix: its head moves); evictions may have
+                # rebuilt it since the decision
+                head, tail = ints[I_QHEAD], ints[I_QTAIL]
+                prefix = True
+                for i in range(n_start):
+                    if status[queue[head + i]] == WAITING:
+                        prefix = False
+                        break
+                if prefix:
+                    ints[I_QHEAD] = head + n_start
+                else:
+                    kept = head
+                    for q in range(head, tail):
+                        if status[queue[q]] == WAITING:
+                            queue[kept] = queue[q]
+                            kept += 1
+                    ints[I_QTAIL] = kept
+            end = now + duration
+            n_gaps = np.int64(0)
+            n_finished = np.int64(0)
+            for i in range(m):
+                rid = members[i]
+                if decode_only:
+                    generated[rid] += 1
+                    held[rid] += 1
+                    emits = True
+                else:
+                    remaining = prefill_len[rid] - prefilled[rid]
+                    emits = chunk[i] == remaining
+                    prefilled[rid] += chunk[i]
+                    if emits:
+                        generated[rid] += 1
+                    held[rid] += gain[i]
+                if not emits:
+                    continue
+                tokens = generated[rid]
+                if not decode_only and tokens == 1:
+                    first_token_time[rid] = end
+                else:
+                    gap = end - last_token_time[rid]
+                    float_scratch[n_gaps] = gap
+                    n_gaps += 1
+                    max_token_gap[rid] = np.fmax(max_token_gap[rid], gap)
+                last_token_time[rid] = end
+                if tokens == output_len[rid]:
+                    scratch[n_finished] = rid
+                    n_finished += 1
+            ints[I_KV_HELD] += gain_total
+            if block > 1:
+                ints[I_BLOCKS_HELD] += new_blocks
+            folded = add_gaps(float_scratch, n_gaps, hist_buffer, pending, seg_ends, ints)
+            if n_finished:
+                complete(scratch, n_finished, end, config, ints, status, held, completion_time,
+                         running)
+                ints[I_COMPLETED] += n_finished
+                ints[I_IDLE] = 0
+            else:
+                ints[I_IDLE] += 1
+            _log(log_times, log_ints, log_failed, row, now, duration, m, n_start, prefill_total,
+                 n_decode, kv_peak, ints[I_KV_HELD], n_finished, n_evicted, False)
+            ints[I_LOG] = row + 1
+            now = end
+            ints[I_ITERATION] = iteration + 1
+            if (may_stretch and steady and not folded and config[C_FAST_FORWARD] and decode_only
+                    and n_start == 0 and n_evicted == 0 and n_finished == 0):
+                now, folded = decode_stretch(
+                    timing, members, m, now, next_arrival, config, ints, output_len, generated,
+                    held, last_token_time, max_token_gap, timing_linear, token_ms, decode_ms,
+                    vidur_ints, log_times, log_ints, log_failed, hist_buffer, pending, seg_ends,
+                    float_scratch)
+            if folded:
+                now_box[0] = now
+                return EXIT_FOLD
+        now_box[0] = now
+        return EXIT_DONE
+
+    return step_loop
 
 
 @njit(cache=True)
@@ -603,8 +624,8 @@ def decode_price(kind, m, context_sum, context_max, linear, token_ms, decode_ms,
 
 
 @njit(cache=True)
-def decode_stretch(members, m, now, next_arrival, config, ints, output_len, generated, held,
-                   last_token_time, max_token_gap, linear, token_ms, decode_ms, vidur_ints,
+def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_len, generated,
+                   held, last_token_time, max_token_gap, linear, token_ms, decode_ms, vidur_ints,
                    log_times, log_ints, log_failed, hist_buffer, pending, seg_ends, gaps):
     """Engine._fast_forward for a batch of decodes whose decision promises to repeat until a
     change: the same steps as the loop's, each priced in O(1), up to (not including) the
@@ -636,7 +657,7 @@ def decode_stretch(members, m, now, next_arrival, config, ints, output_len, gene
             break
         if now >= next_arrival:
             break
-        duration = decode_price(config[C_TIMING], m, context_sum + done * m,
+        duration = decode_price(timing, m, context_sum + done * m,
                                 context_max + done, linear, token_ms, decode_ms, vidur_ints)
         if np.isnan(duration):
             break
@@ -674,7 +695,7 @@ def decode_stretch(members, m, now, next_arrival, config, ints, output_len, gene
     return now, flushed
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _log(log_times, log_ints, log_failed, row, now, duration, batch, started, prefill, decode,
          peak, after, completed, evicted, failed):
     log_times[0, row] = now
@@ -688,3 +709,12 @@ def _log(log_times, log_ints, log_failed, row, now, duration, batch, started, pr
     log_ints[L_COMPLETED, row] = completed
     log_ints[L_EVICTED, row] = evicted
     log_failed[row] = failed
+
+
+#: The step loop of each (policy, timing backend) pair, e.g. ``STEP_LOOPS[VLLM, VIDUR]``.
+#: Each is compiled when first needed (or loaded from numba's disk cache, which keeps one
+#: entry per pair) with only its own decision and pricing: numba prunes the branches of the
+#: other policies and backends before typing, so their functions are never compiled for it.
+STEP_LOOPS = {(policy, timing): _step_loop(policy, timing)
+              for policy in (VLLM, SARATHI, FCFS, MCSF, PROTECTION, WAIT, NESTED_WAIT)
+              for timing in (UNIT, LINEAR, VIDUR)}

@@ -6,7 +6,6 @@ exactly the float its Python twin returns: the same operations in the same order
 and numpy's pairwise summation (:func:`pairwise_sum`) wherever the twin sums a float
 array. Integer sums are exact in any order.
 
-* :func:`unit_duration`: :class:`replay.timing.simple.UnitTiming`;
 * :func:`linear_duration`: :class:`replay.timing.simple.LinearTiming`;
 * :func:`vidur_duration`: :class:`replay.timing.vidur.VidurTiming`, its in-range lookups
   and its ``out_of_range=extrapolate`` rule; out of range it counts the batch per kind
@@ -21,6 +20,8 @@ from numba import njit
 
 from replay.timing.vidur_tables import CHUNK_ROUNDING, TOKEN_ROUNDING
 
+#: The backends (:class:`replay.timing.simple.UnitTiming` prices every batch 1.0: no
+#: function here).
 UNIT, LINEAR, VIDUR = 0, 1, 2
 #: Indices of the Vidur integer parameters in ``vidur_ints``.
 V_GRANULARITY, V_MAX_TOKENS, V_MAX_BATCH, V_MAX_CHUNK, V_CHECK_CHUNK, V_ERROR = range(6)
@@ -29,56 +30,57 @@ OUT_OF_RANGE_KINDS = ("tokens", "decode_batch", "context")
 
 
 @njit(cache=True)
-def _pairwise_leaf(a, lo, n):
-    """numpy's pairwise_sum for ``n <= 128``: sequential below 8, else 8 accumulators."""
+def _pairwise_leaf(a):
+    """numpy's pairwise_sum for ``a.size <= 128``: sequential below 8, else 8 accumulators."""
+    n = a.size
     if n < 8:
         res = 0.0
         for i in range(n):
-            res += a[lo + i]
+            res += a[i]
         return res
-    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
     i = 8
     whole = n - n % 8
     while i < whole:
-        r0 += a[lo + i]
-        r1 += a[lo + i + 1]
-        r2 += a[lo + i + 2]
-        r3 += a[lo + i + 3]
-        r4 += a[lo + i + 4]
-        r5 += a[lo + i + 5]
-        r6 += a[lo + i + 6]
-        r7 += a[lo + i + 7]
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
         i += 8
     res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
     while i < n:
-        res += a[lo + i]
+        res += a[i]
         i += 1
     return res
 
 
 @njit(cache=True)
-def pairwise_sum(a, lo, n):
-    """``a[lo:lo + n].sum()`` as numpy computes it for a contiguous float64 array
-    (pairwise summation: 8 accumulators per block of up to 128, halves above).
+def pairwise_sum(a):
+    """``a.sum()`` as numpy computes it for a contiguous float64 array (pairwise
+    summation: 8 accumulators per block of up to 128, halves above).
 
     numpy recurses; numba's on-disk cache cannot load recursive functions, so the halving
     tree is walked with an explicit stack (float addition commutes, so only the tree's
     shape fixes the result, not the order it is walked in)."""
+    n = a.size
     if n <= 128:
-        return _pairwise_leaf(a, lo, n)
+        return _pairwise_leaf(a)
     frame_lo = np.empty(128, dtype=np.int64)
     frame_n = np.empty(128, dtype=np.int64)
     frame_join = np.empty(128, dtype=np.bool_)
     values = np.empty(128, dtype=np.float64)
     frames = 1
-    frame_lo[0], frame_n[0], frame_join[0] = lo, n, False
+    frame_lo[0], frame_n[0], frame_join[0] = 0, n, False
     top = 0
     while frames:
         frames -= 1
         at, size, join = frame_lo[frames], frame_n[frames], frame_join[frames]
         if size <= 128:
-            values[top] = _pairwise_leaf(a, at, size)
+            values[top] = _pairwise_leaf(a[at:at + size])
             top += 1
         elif join:
             top -= 1
@@ -96,11 +98,6 @@ def pairwise_sum(a, lo, n):
 
 
 @njit(cache=True)
-def unit_duration(new_tokens, context, is_prefill, m):
-    return 1.0
-
-
-@njit(cache=True)
 def linear_duration(new_tokens, context, is_prefill, m, d0, d1, d2, d3, d4):
     """``d0 + d1 * touched + d2 * prefill + d3 * decodes + d4 * prompts``
     (LinearTiming.duration: the same operations in the same order)."""
@@ -115,7 +112,7 @@ def linear_duration(new_tokens, context, is_prefill, m, d0, d1, d2, d3, d4):
     return d0 + d1 * touched + d2 * prefill + d3 * (m - prompts) + d4 * prompts
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ceil_div(a, b):
     return -(-a // b)
 
@@ -128,7 +125,7 @@ def vidur_duration(new_tokens, context, m, token_ms, decode_ms, prefill_ms, ms_t
     max_tokens = vidur_ints[V_MAX_TOKENS]
     max_batch = vidur_ints[V_MAX_BATCH]
     max_chunk = vidur_ints[V_MAX_CHUNK]
-    total = 0
+    total = np.int64(0)
     context_max = 0
     for k in range(m):
         total += new_tokens[k]
@@ -143,7 +140,7 @@ def vidur_duration(new_tokens, context, m, token_ms, decode_ms, prefill_ms, ms_t
         mean_context = context_sum // m
         return (token_ms[_ceil_div(total, TOKEN_ROUNDING) * TOKEN_ROUNDING]
                 + decode_ms[m, _ceil_div(mean_context, granularity)]) * ms_to_s
-    n_decode = 0
+    n_decode = np.int64(0)
     reach = 0
     chunk_max = 0
     for k in range(m):
@@ -169,7 +166,7 @@ def vidur_duration(new_tokens, context, m, token_ms, decode_ms, prefill_ms, ms_t
             scratch[p] = prefill_ms[(context[k] + (granularity - 1)) // granularity,
                                     (new_tokens[k] + (CHUNK_ROUNDING - 1)) // CHUNK_ROUNDING]
             p += 1
-    ms += pairwise_sum(scratch, 0, p)
+    ms += pairwise_sum(scratch[:p])
     return ms * ms_to_s
 
 
@@ -226,20 +223,5 @@ def _vidur_out_of_range(new_tokens, context, m, total, n_decode, token_ms, decod
                       * flops_ratio)
         p += 1
     if p:
-        ms += pairwise_sum(scratch, 0, p)
+        ms += pairwise_sum(scratch[:p])
     return ms * ms_to_s
-
-
-@njit(cache=True)
-def price(kind, new_tokens, context, is_prefill, m, linear, token_ms, decode_ms, prefill_ms,
-          vidur_ints, out_of_range, scratch):
-    """One iteration's duration under backend ``kind`` (:data:`UNIT`, :data:`LINEAR`,
-    :data:`VIDUR`); ``linear`` holds ``d0, d1, d2``, Vidur's ``ms_to_s`` (index 3), then
-    ``d3, d4`` (indices 4, 5)."""
-    if kind == LINEAR:
-        return linear_duration(new_tokens, context, is_prefill, m, linear[0], linear[1],
-                               linear[2], linear[4], linear[5])
-    if kind == VIDUR:
-        return vidur_duration(new_tokens, context, m, token_ms, decode_ms, prefill_ms,
-                              linear[3], vidur_ints, out_of_range, scratch)
-    return 1.0
