@@ -271,3 +271,16 @@ def test_cli_help_and_bad_input():
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
     assert "typed workload" in bad.stderr
     assert fluid_cli("policy=nope").returncode == 2
+
+
+def test_a_threshold_margin_that_overflows_is_a_config_error():
+    import numpy as np
+    import pytest
+
+    from replay.errors import ConfigError
+    from replay.fluid.model import scale_thresholds
+
+    edges = np.arange(0, 550, 50)
+    assert scale_thresholds([1.0] * 10, edges, 512, epsilon=0.05)[-1] > 0
+    with pytest.raises(ConfigError, match="policy.epsilon"):
+        scale_thresholds([1.0] * 10, edges, 512, epsilon=1e40)

@@ -243,7 +243,13 @@ def scale_thresholds(weights: Sequence[float], edges: np.ndarray, batch_limit: f
     if np.any(w <= 0):
         raise ConfigError(f"policy: threshold weights must be > 0, got {w.tolist()}")
     c = batch_limit / float((widths * w).sum())
-    return np.ceil(c * w * (1 + epsilon) ** np.arange(w.size) - 1e-9).astype(np.int64)
+    with np.errstate(over="ignore"):
+        scaled = np.ceil(c * w * (1 + epsilon) ** np.arange(w.size) - 1e-9)
+    # A large margin over many segments overflows: a threshold no batch can reach.
+    if not np.all(np.isfinite(scaled)) or scaled.max() > 2**31:
+        raise ConfigError(f"policy.epsilon: {epsilon} makes the last segments' thresholds "
+                          f"unreachable (about {scaled.max():.3g} requests per stage)")
+    return scaled.astype(np.int64)
 
 
 def condition_12(n: Sequence[int], tails: Sequence[float]) -> dict:
