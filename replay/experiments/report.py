@@ -307,6 +307,8 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
     target's earlier figures there are removed first."""
     views = target_views(targets, outputs_root, quick)
     crosscheck = _crosscheck(outputs_root.parent / "crosscheck", outputs_root)
+    # Before writing: the pages themselves would make the checkout look edited ("-dirty").
+    version = code_version()
     written = []
     for letter, (page, title) in SERIES.items():
         series = [v for v in views if v.name.startswith(letter)]
@@ -334,7 +336,7 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
         text = _TEMPLATES.get_template("results.md.j2").render(
             title=title, page=page, views=[v for v in series if v.ran],
             overview=_overview(series, crosscheck if letter == "d" else None), quick=quick,
-            built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=code_version(),
+            built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version,
             markdown_table=_markdown_table, pd=pd,
             crosscheck=d3 or {"ran": False, "command": crosscheck["command"]})
         results_dir.mkdir(parents=True, exist_ok=True)
