@@ -51,8 +51,21 @@ def test_a_non_numeric_metric_refuses_its_run_not_the_column(tmp_path, capsys):
     ("replay.bench", ["--rates", "5,-1"], "--rates"),
     ("traces.stats", ["workload.n=abc"], "workload.n='abc' is not allowed"),
     ("replay.crosscheck", ["--n", "0"], "at least 1"),
+    ("replay.timing.fit_linear", ["--batches", "0"], "must be 1..1,000,000"),
 ])
 def test_bad_arguments_are_one_line(name, args, fragment):
     done = module(name, *args)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and fragment in done.stderr
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["experiment=d4_linear_fit", "study.batches=1000000000000"],
+     "study.batches=1000000000000 is not allowed"),
+    (["experiment=b_capacity", "study.fractions=[-1]"], "study.fractions: -1 is not allowed"),
+    (["experiment=b_capacity", "study.horizons=[0,5]"], "two horizons > 0"),
+])
+def test_study_sizes_are_bounded_before_any_run(tmp_path, args, fragment):
+    done = module("replay", *args, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and fragment in done.stderr

@@ -58,6 +58,8 @@ PROMPT_TERMS = (2, 4)         # d2, d4
 TARGET = {"max_decodes": 512, "context": (16, 4096)}
 #: Issue 29's bound on the target region's relative error.
 TARGET_ERROR = {"median": 0.05, "max": 0.20}
+#: The largest fitting mix accepted (each batch is priced by Vidur and kept in memory).
+MAX_BATCHES = 1_000_000
 #: The B setups' KV capacity M (gqa_formula), to flag grid shapes that fit in it.
 KV_CAPACITY = {"llama2_7b": 125_885, "llama2_70b": 61_035}
 
@@ -232,9 +234,21 @@ def provenance(timing, args, seed: int, batches: int) -> dict:
             "command": "python -m replay.timing.fit_linear " + shlex.join(args)}
 
 
+def batch_count(text: str) -> int:
+    """``--batches``: a whole number of batches in 1..MAX_BATCHES."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_BATCHES:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_BATCHES:,}, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=4000)
+    parser.add_argument("--batches", type=batch_count, default=4000,
+                        help=f"batches in the fitting mix, 1..{MAX_BATCHES:,}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("outputs/timing/fit_linear"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both models")

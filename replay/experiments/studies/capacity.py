@@ -61,6 +61,11 @@ from replay.run import build_and_run  # noqa: E402
 log = logging.getLogger(__name__)
 
 
+#: The largest rate tested, as a multiple of the fluid boundary rate (past saturation a
+#: run's backlog, and so its memory, grows with the rate).
+MAX_FRACTION = 10.0
+
+
 def fluid_figures(experiment: str, data_dir: str) -> dict:
     """The fluid load at the scenario's own rate and its boundary rate."""
     types, _ = scenario_types(experiment, data_dir)
@@ -237,8 +242,15 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, fractions: list,
         settings.update(q)
     if not settings["timings"]:
         raise ConfigError("study.timings: name at least one timing (e.g. vidur: [])")
-    if len(settings["horizons"]) != 2:
-        raise ConfigError(f"study.horizons: need two horizons, got {settings['horizons']}")
+    # The rates imply how many requests each run holds: bound them before any run (each
+    # run's own guards bound the requests a horizon implies).
+    bad = [f for f in settings["fractions"] if not 0 < float(f) <= MAX_FRACTION]
+    if bad:
+        raise ConfigError(f"study.fractions: {bad[0]} is not allowed: each fraction of the "
+                          f"fluid boundary rate must be > 0 and <= {MAX_FRACTION:g}")
+    if len(settings["horizons"]) != 2 or not all(float(h) > 0 for h in settings["horizons"]):
+        raise ConfigError(f"study.horizons: need two horizons > 0 (seconds), got "
+                          f"{settings['horizons']}")
     out_dir.mkdir(parents=True, exist_ok=True)
     table, fluid = sweep(settings["scenarios"], [float(f) for f in settings["fractions"]],
                          [float(h) for h in settings["horizons"]], str(cfg.data_dir), int(seed),

@@ -20,9 +20,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
+from replay.errors import ConfigError  # noqa: E402
 from replay.experiments.plots.common import save_figure  # noqa: E402
 from replay.outputs import atomic_write_text  # noqa: E402
-from replay.timing.fit_linear import TARGET_ERROR, fit_and_report  # noqa: E402
+from replay.timing.fit_linear import MAX_BATCHES, TARGET_ERROR, fit_and_report  # noqa: E402
 
 
 def plot(regions: pd.DataFrame, out: Path) -> Path:
@@ -56,6 +57,9 @@ def run_study(cfg: DictConfig, out_dir: Path, batches: int, seed: int = 0,
     if quick:
         settings.update(OmegaConf.to_container(quick_settings, resolve=True)
                         if isinstance(quick_settings, DictConfig) else dict(quick_settings or {}))
+    if not 1 <= int(settings["batches"]) <= MAX_BATCHES:
+        raise ConfigError(f"study.batches={settings['batches']} is not allowed: it must be "
+                          f"1..{MAX_BATCHES:,} batches")
     extra = [str(o) for o in (OmegaConf.to_container(settings["overrides"])
                               if isinstance(settings["overrides"], ListConfig)
                               else settings["overrides"])]
