@@ -140,3 +140,15 @@ def test_fluid_boundary_reads_the_full_length_paper_runs_of_a_stable_scenario(tm
     found, measured = fluid_boundary_check(tmp_path / "b_capacity")
     assert found == MEASURED_CAUSE
     assert "b4 at its paper rate 55/s (fluid-stable): WAIT did not complete 3 of 3" in measured
+
+
+def test_wait_best_judges_every_rate_and_keeps_the_weakest(tmp_path):
+    out_dir = tmp_path / "b3"
+    out_dir.mkdir()
+    rows = [(55.0, "WAIT", 105.0, 0.0), (55.0, "vLLM-like", 100.0, 0.0),
+            (550.0, "WAIT", 95.0, 0.0), (550.0, "vLLM-like", 100.0, 4.0)]
+    pd.DataFrame(rows, columns=["total_rate", "policy", "throughput", "evictions"]).to_csv(
+        out_dir / "policies.csv", index=False)
+    found, measured = wait_best_check("WAIT")(out_dir)
+    assert found == UNEXPLAINED
+    assert "rate 55/s: WAIT 1.050x" in measured and "rate 550/s: WAIT 0.950x" in measured

@@ -29,6 +29,7 @@ from replay.experiments.plots.common import (
     PAPER_C3_TEL,
     PAPER_SMALLEST_ALPHA,
 )
+from replay.experiments.plots.wait import capacity_summary
 from replay.experiments.studies.c1_synthetic import PAPER_TABLE_4
 
 PAPERS = {"mcsf_journal": "Jaillet et al., MC-SF (journal version)",
@@ -116,6 +117,11 @@ def smallest_alpha_check(paper: dict[float, float]) -> Check:
 
 REPRODUCED, IN_SHAPE, MEASURED_CAUSE, UNEXPLAINED = (
     "reproduced", "in shape", "differs (measured cause)", "unexplained")
+
+
+def _worst(verdicts: list[str]) -> str:
+    """A claim's verdict over its parts: the weakest one."""
+    return next(v for v in (UNEXPLAINED, MEASURED_CAUSE, IN_SHAPE, REPRODUCED) if v in verdicts)
 #: The serving baselines the WAIT paper compares against (policy labels).
 BASELINES = ("vLLM-like", "Sarathi-like")
 
@@ -132,20 +138,6 @@ def fcfs_loss_check(out_dir: Path) -> tuple[str, str]:
         measured += (f"; {policy}: {bars.loc[policy, 'throughput']:.3g} tokens per round, "
                      f"{bars.loc[policy, 'evictions']:.0f} evictions")
     return verdict, measured
-
-
-def capacity_summary(out_dir: Path, timing: str = "vidur") -> pd.DataFrame:
-    """The capacity study's per-policy saturation rates (target ``b_capacity`` beside
-    ``out_dir``) under ``timing``; empty when it has not run."""
-    quick = out_dir.name.endswith("-quick")
-    found = out_dir.parent / ("b_capacity-quick" if quick else "b_capacity") / "runs" \
-        / "capacity_summary.csv"
-    if not found.is_file():
-        return pd.DataFrame()
-    summary = pd.read_csv(found)
-    if "timing" not in summary.columns:
-        return pd.DataFrame()
-    return summary[summary["timing"] == timing]
 
 
 def wait_best_check(policy: str) -> Check:
@@ -197,8 +189,7 @@ def wait_best_check(policy: str) -> Check:
                 verdicts.append(UNEXPLAINED)
                 text += f"; the baselines evict {baseline_evictions:.0f} times per run"
             parts.append(text)
-        order = (UNEXPLAINED, MEASURED_CAUSE, IN_SHAPE, REPRODUCED)
-        return next(v for v in order if v in verdicts), "; ".join(parts)
+        return _worst(verdicts), "; ".join(parts)
     return check
 
 
@@ -248,8 +239,7 @@ def membound_check(out_dir: Path) -> tuple[str, str]:
             verdicts.append(UNEXPLAINED)
     if not parts:
         raise ValueError("no point where a baseline evicts")
-    order = (UNEXPLAINED, MEASURED_CAUSE, IN_SHAPE, REPRODUCED)
-    return next(v for v in order if v in verdicts), "; ".join(parts)
+    return _worst(verdicts), "; ".join(parts)
 
 
 def fluid_boundary_check(out_dir: Path) -> tuple[str, str]:
@@ -301,8 +291,7 @@ def fluid_boundary_check(out_dir: Path) -> tuple[str, str]:
                 else:
                     verdicts.append(UNEXPLAINED)
                 parts.append(text)
-    order = (UNEXPLAINED, MEASURED_CAUSE, IN_SHAPE, REPRODUCED)
-    return next(v for v in order if v in verdicts), "; ".join(parts)
+    return _worst(verdicts), "; ".join(parts)
 
 
 def authors_check(out_dir: Path) -> tuple[str, str]:

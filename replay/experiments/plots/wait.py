@@ -129,22 +129,30 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
     return [save_figure(fig, out_dir / f"{x}_sweep{'_' + tag if tag else ''}.png", stats)]
 
 
-def measured_saturation(sweep_dir: Path, timing: str) -> dict[str, float]:
-    """Per policy label, the largest total rate the capacity study (target ``b_capacity``,
-    beside this target's folder) measured stable for this scenario under ``timing``; empty
-    when that study has not run. A rate sweep's load axis is the fluid model's, which can
-    call a rate stable that is not: this is what simulation says."""
-    target_dir = sweep_dir.parent.parent  # {outputs}/<target>[-quick]/runs/<sweep>
+def capacity_summary(target_dir: Path, timing: str = "vidur") -> pd.DataFrame:
+    """The capacity study's per-scenario, per-policy saturation rates under ``timing``
+    (target ``b_capacity`` beside the target folder ``target_dir``, quick or not); empty
+    when that study has not run, or ran before it measured both timings."""
     quick = target_dir.name.endswith("-quick")
-    scenario = target_dir.name.removesuffix("-quick")
     found = target_dir.parent / ("b_capacity-quick" if quick else "b_capacity") / "runs" \
         / "capacity_summary.csv"
     if not found.is_file():
-        return {}
+        return pd.DataFrame()
     summary = pd.read_csv(found)
-    if "timing" not in summary.columns or "label" not in summary.columns:
-        return {}  # written before the study ran both timings
-    rows = summary[(summary["scenario"] == scenario) & (summary["timing"] == timing)
+    if not {"timing", "label"} <= set(summary.columns):
+        return pd.DataFrame()
+    return summary[summary["timing"] == timing]
+
+
+def measured_saturation(sweep_dir: Path, timing: str) -> dict[str, float]:
+    """Per policy label, the largest total rate the capacity study measured stable for this
+    scenario under ``timing`` (:func:`capacity_summary`). A rate sweep's load axis is the
+    fluid model's, which can call a rate stable that is not: this is what simulation says."""
+    target_dir = sweep_dir.parent.parent  # {outputs}/<target>[-quick]/runs/<sweep>
+    summary = capacity_summary(target_dir, timing)
+    if summary.empty:
+        return {}
+    rows = summary[(summary["scenario"] == target_dir.name.removesuffix("-quick"))
                    & (summary["saturation_above"] > 0)]
     return dict(zip(rows["label"], rows["saturation_above"].astype(float), strict=True))
 
