@@ -5,8 +5,9 @@ real trace from the data directory) with the linear backend (``--timing vidur`` 
 Vidur's predictor) at high and low demand for each policy, and prints simulated
 requests per wall-second and, per scheduling step, the time spent in the policy's
 decision, in the timing backend and in the engine itself (the step loop minus those
-two), plus the setup time outside the loop (loading the workload, building the
-backend, assembling the result tables). ``--scenarios all`` runs the named
+two), the mean batch and the loop time per batch member and step (what compares policies
+whose batches differ in size), plus the setup time outside the loop (loading the workload,
+building the backend, assembling the result tables). ``--scenarios all`` runs the named
 scenarios instead (WAIT and Nested WAIT on their B workloads, Vidur timing where
 named). ``--user-policy`` adds a user's own Python policy to the grid: the documentation's
 example (``docs/examples/longest_prompt_first.py``, loaded as a user would install it),
@@ -88,8 +89,8 @@ def main() -> None:
         bench_sorted(args.repeat)
         return
     print(f"{'run':<36}{'requests':>9}{'iterations':>11}{'wall s':>9}{'req/wall-s':>12}"
-          f"{'decide us/step':>16}{'timing us/step':>16}{'engine us/step':>16}{'setup s':>9}"
-          f"{'decided %':>10}  path")
+          f"{'decide us/step':>16}{'timing us/step':>16}{'engine us/step':>16}{'batch':>7}"
+          f"{'ns/member':>10}{'setup s':>9}{'decided %':>10}  path")
     if args.scenarios:
         names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
         for name in names:
@@ -139,10 +140,14 @@ def report(label: str, cfg, repeat: int) -> None:
         if wall < best:
             best, fastest = wall, result
     steps = len(fastest.iterations)
+    # A step's work grows with its batch: the loop time per member of a step compares
+    # policies whose batches differ in size.
+    members = int(fastest.iterations["batch_size"].sum())
     engine = fastest.loop_time_s - fastest.decision_time_s - fastest.timing_time_s
     print(f"{label:<36}{len(requests):>9}{steps:>11}{best:>9.2f}{len(requests) / best:>12.0f}"
           f"{1e6 * fastest.decision_time_s / steps:>16.1f}"
           f"{1e6 * fastest.timing_time_s / steps:>16.1f}{1e6 * engine / steps:>16.1f}"
+          f"{members / steps:>7.0f}{1e9 * fastest.loop_time_s / max(members, 1):>10.1f}"
           f"{best - fastest.loop_time_s:>9.2f}{100 * fastest.decisions / steps:>10.1f}"
           f"  {(fastest.engine_path or {}).get('path', 'python')}", flush=True)
 

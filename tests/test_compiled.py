@@ -179,6 +179,19 @@ def test_sorting_helpers_are_numpys(values, extra, probe):
         assert sorting.search_left(ascending, value) == np.searchsorted(ascending, value)
 
 
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.integers(0, 50), min_size=17, max_size=300),
+       swaps=st.lists(st.tuples(st.integers(0, 299), st.integers(0, 299)), max_size=4))
+def test_stable_argsort_of_nearly_sorted_keys(values, swaps):
+    # sorted runs longer than the insertion-sorted ones, where merges are skipped
+    keys = np.sort(np.array(values, dtype=np.int64))
+    for a, b in swaps:
+        a, b = a % keys.size, b % keys.size
+        keys[a], keys[b] = keys[b], keys[a]
+    assert np.array_equal(sorting.stable_argsort(keys, keys.size),
+                          np.argsort(keys, kind="stable"))
+
+
 def _batches(rng, count, max_size=10, max_new=80, max_context=80):
     for _ in range(count):
         size = int(rng.integers(1, max_size + 1))

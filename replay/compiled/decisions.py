@@ -426,30 +426,27 @@ def _first_per_group(keys, limits, n, keep):
 
 @njit(cache=True)
 def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated, queue, head,
-                tail, running, n_run, start, advance, scratch, scratch2, keep):
+                tail, running, n_run, start, advance, scratch, scratch2, keep, type_waiting):
     """policies.wait.Wait.decide. ``params``: the stage-key multiplier, whether every request
-    of the run has one of the policy's types (then the per-step type check is skipped),
-    then the per-type thresholds; ``floats``: whether there is a ``max_wait``, and its
-    value."""
+    of the run has one of the policy's types (then the per-step type check is skipped and
+    ``type_waiting`` holds the number of waiting requests of each type, as the step loop
+    keeps it; otherwise the queue is counted here), then the per-type thresholds;
+    ``floats``: whether there is a ``max_wait``, and its value."""
     types = params.size - 2
     per_stage = params[2:]
-    if not params[1]:
+    if params[1]:
+        count = type_waiting
+    else:
         for q in range(head, tail):
             if type_id[queue[q]] < 0 or type_id[queue[q]] >= types:
                 return 0, 0, 0, 0, ASK_PYTHON
         for k in range(n_run):
             if type_id[running[k]] < 0 or type_id[running[k]] >= types:
                 return 0, 0, 0, 0, ASK_PYTHON
-    # Requests at stage 0 per type, counted until every type reaches its threshold.
-    count = np.zeros(types, dtype=np.int64)
-    reached = 0
-    for q in range(head, tail):
-        t = type_id[queue[q]]
-        count[t] += 1
-        if count[t] == per_stage[t]:
-            reached += 1
-            if reached == types:
-                break
+        # Requests at stage 0 per type.
+        count = np.zeros(types, dtype=np.int64)
+        for q in range(head, tail):
+            count[type_id[queue[q]]] += 1
     ready = count >= per_stage
     if not more_arrivals:
         ready[:] = True
@@ -463,10 +460,10 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
                 ready[type_id[running[k]]] = True
     if not ready.any():
         return 0, 0, 0, 0, 0
-    wanted = 0
+    wanted = 0  # what the scan below finds: it stops there instead of at the queue's end
     for t in range(types):
         if ready[t]:
-            wanted += per_stage[t]
+            wanted += min(per_stage[t], count[t])
     taken = np.zeros(types, dtype=np.int64)
     n_start = 0
     for q in range(head, tail):

@@ -129,6 +129,16 @@ def _policy_params(policy, kv_tokens: int, block: int, type_id: np.ndarray | Non
     return np.ascontiguousarray(ints, dtype=np.int64), floats
 
 
+def _type_waiting(policy, params: np.ndarray, type_id: np.ndarray,
+                  waiting: np.ndarray) -> np.ndarray:
+    """WAIT's count of waiting requests per type, which the step loop then keeps up to date
+    (WAIT's decision reads it instead of counting the queue at every step); a placeholder
+    for the other policies, or where a request's type is out of range (WAIT then counts)."""
+    if not isinstance(policy, Wait) or not params[1]:
+        return np.zeros(1, dtype=np.int64)
+    return np.bincount(type_id[waiting], minlength=params.size - 2).astype(np.int64)
+
+
 def _timing_params(timing):
     """The backend's parameters as the step loops read them: ``linear`` holds LinearTiming's
     ``d0, d1, d2``, Vidur's ``ms_to_s`` (index 3), then ``d3, d4`` (indices 4, 5)."""
@@ -206,15 +216,18 @@ class _Run:
                           s.first_token_time, s.completion_time, s.last_token_time,
                           s.max_token_gap, self.ints, self.now, self.queue, self.running)
         i64 = np.int64
+        # the last batch's shape, read back where pricing stops (EXIT_PRICE_ERROR)
+        self.new_tokens, self.context = np.zeros(n, dtype=i64), np.zeros(n, dtype=i64)
+        self.is_prefill = np.zeros(n, dtype=np.bool_)
         self.args_tail = (self.hist_buffer, self.pending, self.seg_ends,
                           np.zeros(n, dtype=i64), np.zeros(n, dtype=np.bool_),
                           np.zeros(2 * n + 16, dtype=i64), np.zeros(n, dtype=i64),
                           *(np.zeros(n, dtype=i64) for _ in range(4)),  # start..chunk_ids
                           *(np.zeros(n, dtype=i64) for _ in range(3)),  # members, chunk, gain
-                          np.zeros(n, dtype=i64), np.zeros(n, dtype=i64),
-                          np.zeros(n, dtype=np.bool_),  # new_tokens, context, is_prefill
+                          self.new_tokens, self.context, self.is_prefill,
                           *(np.zeros(n, dtype=i64) for _ in range(3)),
-                          np.zeros(max(n, 1), dtype=np.float64))
+                          np.zeros(max(n, 1), dtype=np.float64),
+                          _type_waiting(policy, policy_ints, e.type_id, self.queue[:0]))
 
     def args(self) -> tuple:
         return (*self.args_head, self.log_times, self.log_ints, self.log_failed,
@@ -346,10 +359,8 @@ def run_compiled(engine: Engine) -> CompiledRunResult:
             raise RuntimeError("compiled decision deferred to the policy, which did not raise")
         elif code == k.EXIT_PRICE_ERROR:
             m = int(run.ints[k.I_M])
-            tail = run.args_tail
-            new_tokens, context, is_prefill = tail[-7][:m], tail[-6][:m], tail[-5][:m]
-            engine.timing.duration(BatchShape(new_tokens.copy(), context.copy(),
-                                              is_prefill.copy()))
+            engine.timing.duration(BatchShape(run.new_tokens[:m].copy(), run.context[:m].copy(),
+                                              run.is_prefill[:m].copy()))
             raise RuntimeError("compiled pricing stopped on a batch the backend priced")
     run.fold_pending()
     engine.token_gaps._filled = int(run.ints[k.I_FILLED])  # the loop filled its buffer
@@ -407,8 +418,11 @@ def compiled_decision(policy, view: PolicyView) -> Batch:
                 running, running.size, start, advance, scratch[0], scratch[1],
                 np.zeros(n, dtype=np.bool_))
         if kind == dec.WAIT:
+            type_id = np.ascontiguousarray(view.type_id, dtype=np.int64)
+            params, _ = _policy_params(policy, capacity, block, type_id)
             n_start, n_adv, n_pre, _, error = dec.wait_decide(
-                *args, np.ascontiguousarray(view.type_id, dtype=np.int64), *tail)
+                params, *args[1:], type_id, *tail, _type_waiting(policy, params, type_id,
+                                                                   waiting))
         else:
             n_start, n_adv, n_pre, _, error = dec.nested_wait_decide(*args, *tail)
         if error:

@@ -313,7 +313,7 @@ def _step_loop(policy, timing):
                   log_times, log_ints, log_failed, hist_buffer, pending, seg_ends, mc_order,
                   mc_member, joined, chunk_of, start, advance, preempt, chunk_ids, members, chunk,
                   gain, new_tokens, context, is_prefill, scratch, scratch2, scratch3,
-                  float_scratch):
+                  float_scratch, type_waiting):
         n = config[C_N]
         capacity = config[C_CAPACITY]
         block = config[C_BLOCK]
@@ -372,10 +372,13 @@ def _step_loop(policy, timing):
                 n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
                                             head, tail, start)
             elif policy == WAIT:
+                if policy_ints[1]:  # every type in range: count who joined the queue since
+                    for i in range(ints[I_JOINED]):
+                        type_waiting[type_id[joined[i]]] += 1
                 n_start, n_adv, n_pre, n_chunks, error = wait_decide(
                     policy_ints, policy_floats, now, released < n, type_id, arrival, generated,
                     queue, head, tail, running, n_run, start, advance, scratch, scratch2,
-                    is_prefill)
+                    is_prefill, type_waiting)
             else:  # NESTED_WAIT
                 n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
                     policy_ints, policy_floats, now, released < n, arrival, generated, queue, head,
@@ -521,6 +524,8 @@ def _step_loop(policy, timing):
             if n_start:
                 for i in range(n_start):
                     rid = start[i]
+                    if policy == WAIT and policy_ints[1]:
+                        type_waiting[type_id[rid]] -= 1
                     status[rid] = RUNNING
                     start_iteration[rid] = iteration
                     start_time[rid] = now

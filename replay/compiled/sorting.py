@@ -41,6 +41,11 @@ def stable_argsort(keys, n):
         for lo in range(0, n, 2 * width):
             mid = min(lo + width, n)
             hi = min(lo + 2 * width, n)
+            if mid >= hi or keys[source[mid - 1]] <= keys[source[mid]]:
+                # already in order (a sorted or nearly sorted input costs O(n))
+                for out in range(lo, hi):
+                    target[out] = source[out]
+                continue
             i, j = lo, mid
             for out in range(lo, hi):
                 # the left run's element on ties: stable
