@@ -12,7 +12,8 @@ every output as written. Inside a target, finished runs are reused by the runs' 
 resume check, so an interrupted target continues where it stopped.
 
 ``--quick`` runs a scaled-down version (seconds) into
-``outputs/reproduce/<target>-quick/``; ``all`` runs every target. Each target shows one
+``outputs/reproduce/<target>-quick/``; ``all`` runs every target; ``--set KEY=VALUE`` adds
+an override to every run of every target (recorded with the target's config). Each target shows one
 progress bar per sweep (runs finished, reused, failed; the runs' summaries stay in
 their folders), and the command ends with a table of what ran, was reused or failed
 per target. ``report`` (alone or after targets) builds the HTML report of whatever
@@ -25,6 +26,7 @@ the checkout; ``--results DIR`` elsewhere, also with ``--quick``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import re
@@ -100,7 +102,17 @@ def time_breakdown(runs_dir: Path, runs_s: float, figures_s: float) -> dict[str,
             **{f"sum_{key}": value for key, value in sums.items()}}
 
 
-def stale_reason(name: str, out_dir: Path, quick: bool) -> str | None:
+def with_settings(target: Target, settings: tuple[str, ...]) -> Target:
+    """``target`` with ``--set`` overrides after its own (so that they win), e.g.
+    ``engine.compiled=false`` to time the reference loop: they are part of its config, so
+    its manifest, stale check and results stamps name them."""
+    if not settings:
+        return target
+    return dataclasses.replace(target, overrides=(*target.overrides, *settings))
+
+
+def stale_reason(name: str, out_dir: Path, quick: bool,
+                 settings: tuple[str, ...] = ()) -> str | None:
     """Why the target in ``out_dir`` must run again (``None``: it is up to date).
 
     Up to date means: its manifest (``outputs.json``) exists and was written for the same
@@ -113,7 +125,8 @@ def stale_reason(name: str, out_dir: Path, quick: bool) -> str | None:
         manifest = json.loads((out_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         return f"no readable {MANIFEST} (never finished here)"
-    if manifest.get("config_sha256") != config_sha256(TARGETS[name], quick):
+    if manifest.get("config_sha256") != config_sha256(with_settings(TARGETS[name], settings),
+                                                       quick):
         return "its configs or overrides changed"
     runs_dir = out_dir / "runs"
     if run_summaries(runs_dir) != manifest.get("runs"):
@@ -178,12 +191,12 @@ def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
 
 def run_target(name: str, quick: bool = False, force: bool = False,
                outputs_root: Path = REPO / "outputs" / "reproduce",
-               tally: Tally | None = None) -> list[Path]:
-    target = TARGETS[name]
+               tally: Tally | None = None, settings: tuple[str, ...] = ()) -> list[Path]:
+    target = with_settings(TARGETS[name], settings)
     started = time.perf_counter()
     tally = Tally() if tally is None else tally
     out_dir = outputs_root / (f"{name}-quick" if quick else name)
-    reason = "--force" if force else stale_reason(name, out_dir, quick)
+    reason = "--force" if force else stale_reason(name, out_dir, quick, settings)
     if reason is None:
         manifest = json.loads((out_dir / MANIFEST).read_text())
         print(f"{name}: up to date ({out_dir / MANIFEST} verifies)")
@@ -241,6 +254,18 @@ def run_target(name: str, quick: bool = False, force: bool = False,
     return figures
 
 
+def check_settings(settings: tuple[str, ...]) -> None:
+    """``--set`` overrides must be ``KEY=VALUE`` and compose with the base config."""
+    from replay.config import compose_config
+    from replay.errors import ConfigError
+    from replay.validate import validate_config
+
+    for setting in settings:
+        if "=" not in setting or setting.startswith("="):
+            raise ConfigError(f"--set {setting!r}: expected KEY=VALUE")
+    validate_config(compose_config(settings))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m replay.reproduce",
                                      description=__doc__.splitlines()[0])
@@ -252,6 +277,11 @@ def main() -> None:
                         help="where target folders go")
     parser.add_argument("--report", type=Path, default=None,
                         help="report folder (default: report[-quick] beside --outputs)")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="a config override for every target's runs, after the target's "
+                             "own (repeatable), e.g. --set engine.compiled=false to time the "
+                             "reference loop; use another --outputs for such runs")
     parser.add_argument("--results", type=Path, default=None,
                         help="folder of the Markdown results pages of the docs site (default: "
                              "docs/results/ of the checkout, and none with --quick: quick "
@@ -260,12 +290,16 @@ def main() -> None:
     names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
                                                           if t != "report"]
     failed, rows = [], []
+    settings = tuple(args.settings)
     if names:  # a folder that cannot be written is one error line, before any target runs
         run_or_exit(ensure_writable_dir, args.outputs)
+    if settings:  # a bad key or value is one error line too, not a failure per target
+        run_or_exit(check_settings, settings)
     for name in names:
         tally, started = Tally(), time.perf_counter()
         try:
-            outputs = run_target(name, args.quick, args.force, args.outputs.resolve(), tally)
+            outputs = run_target(name, args.quick, args.force, args.outputs.resolve(), tally,
+                                 settings)
             state = "up to date" if tally.up_to_date else "done"
         except TargetFailed as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -357,3 +359,29 @@ def test_time_breakdown_sums_the_replays_and_keeps_the_phases(tmp_path):
     assert time_breakdown(tmp_path, 4.0, 0.5) == {
         "runs_s": 4.0, "figures_s": 0.5, "sum_wall_time_s": 5.0, "sum_loop_time_s": 3.5,
         "sum_decision_time_s": 1.5, "sum_compile_time_s": 0.5}
+
+
+def test_set_overrides_reach_every_run_and_the_manifest(tiny):
+    root, png, _ = tiny
+    settings = ("engine.compiled=false",)
+    # The manifest was written without them: with them, the target is out of date.
+    assert stale_reason("tiny", root / "tiny", quick=False, settings=settings) == \
+        "its configs or overrides changed"
+    run_target("tiny", outputs_root=root, settings=settings)
+    manifest = json.loads((root / "tiny" / MANIFEST).read_text())
+    assert manifest["config"]["overrides"][-1] == "engine.compiled=false"
+    summary = json.loads(next((root / "tiny" / "runs").rglob("summary.json")).read_text())
+    assert summary["engine_path"]["path"] == "python"
+    assert stale_reason("tiny", root / "tiny", quick=False, settings=settings) is None
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("engine.compiled=nope", "engine.compiled='nope' is not allowed"),
+    ("engine.no_such_key=1", "engine.no_such_key: no such config key"),
+    ("compiled", "--set 'compiled': expected KEY=VALUE")])
+def test_a_bad_set_override_is_one_error_line(tmp_path, setting, message):
+    done = subprocess.run([sys.executable, "-m", "replay.reproduce", "b0", "--set", setting,
+                           "--outputs", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and message in done.stderr
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "b0").exists()
