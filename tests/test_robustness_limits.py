@@ -89,3 +89,22 @@ def test_the_interrupt_callback_leaves_a_solve_unchanged():
     finally:
         lp.WORKER_NONZEROS = original
     assert worker.value == plain.value and np.array_equal(worker.mean_start, plain.mean_start)
+
+
+def solve_in_worker_process(inst: Instance) -> lp.LPBound:
+    """lp_bound with every LP sent to the worker process (run inside a joblib worker)."""
+    lp.WORKER_NONZEROS = 0
+    return lp.lp_bound(inst, tail_cuts=False, grid=3)
+
+
+def test_the_lp_worker_runs_inside_a_multirun_job():
+    # Multirun jobs run in joblib's loky workers; a multiprocessing child spawned there
+    # died at start and the job hung for ever (C2 and D1's Sorted-LP jobs).
+    from joblib import Parallel, delayed
+
+    inst = big_instance(8, longest=200, kv=2000)
+    plain = lp.lp_bound(inst, tail_cuts=False, grid=3)
+    (in_job,) = Parallel(n_jobs=2, backend="loky", timeout=120)(
+        [delayed(solve_in_worker_process)(inst)])
+    assert in_job.status == "optimal" and in_job.value == plain.value
+    assert np.array_equal(in_job.mean_start, plain.mean_start)

@@ -267,44 +267,48 @@ def _solve_here(deadline: float, label: str, **problem):
     return result, interrupt.timed_out
 
 
-def _child(connection, deadline_in_s: float, label: str, problem: dict) -> None:
-    """A worker's solve (:func:`_solve_in_worker`): the result's fields lp_bound reads."""
-    result, timed_out = _solve_here(time.perf_counter() + deadline_in_s, label, **problem)
-    fields = {"status": result.status, "message": result.message, "x": result.get("x"),
-              "fun": result.get("fun"),
-              "ineqlin": {"marginals": result.ineqlin.marginals} if result.status == 0 else None,
-              "eqlin": {"marginals": result.eqlin.marginals} if result.status == 0 else None}
-    connection.send((fields, timed_out))
-    connection.close()
+def result_fields(result) -> dict:
+    """What :func:`lp_bound` reads of a ``linprog`` result, as plain data (a worker's answer)."""
+    return {"status": result.status, "message": result.message, "x": result.get("x"),
+            "fun": result.get("fun"),
+            "ineqlin": {"marginals": result.ineqlin.marginals} if result.status == 0 else None,
+            "eqlin": {"marginals": result.eqlin.marginals} if result.status == 0 else None}
 
 
 def _solve_in_worker(deadline: float, label: str, **problem):
-    """``linprog(**problem)`` in a spawned worker process that this process stops at the
-    deadline (plus a grace second) or on Ctrl-C, whatever phase HiGHS is in: HiGHS holds
-    the GIL and handles SIGINT itself only at its own checks, which a large LP reaches
-    only after many seconds (presolve, the interior point's start). The same SciPy and
-    HiGHS solve the same LP, so the result is the one an in-process solve gives."""
-    import multiprocessing
+    """``linprog(**problem)`` in a child process (``python -m replay.bounds.lp_worker``)
+    that this process stops at the deadline (plus a grace second) or on Ctrl-C, whatever
+    phase HiGHS is in: HiGHS holds the GIL and handles SIGINT itself only at its own checks,
+    which a large LP reaches only after many seconds (presolve, the interior point's
+    start). The same SciPy and HiGHS solve the same LP, so the result is the one an
+    in-process solve gives.
+
+    A plain child process, not multiprocessing's ``spawn``: inside a joblib (loky) worker,
+    as in every multirun job, a spawned child inherits the start method ``loky``, which it
+    cannot find, and exits at once, while the parent, which still holds the read end of
+    the pipe, blocks for ever writing the problem into it (the multirun then hangs)."""
+    import pickle
+    import subprocess
+    import sys
     from types import SimpleNamespace
 
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    worker = context.Process(target=_child, daemon=True,
-                             args=(send, deadline - time.perf_counter(), label, problem))
-    worker.start()
-    send.close()
+    payload = pickle.dumps((deadline - time.perf_counter(), label, problem),
+                           protocol=pickle.HIGHEST_PROTOCOL)
+    worker = subprocess.Popen([sys.executable, "-m", "replay.bounds.lp_worker"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        while not receive.poll(0.1):
-            if not worker.is_alive():
-                raise RuntimeError(f"{label}: the LP worker died (exit code "
-                                   f"{worker.exitcode}; out of memory?)")
-            if time.perf_counter() > deadline + 1.0:
-                return SimpleNamespace(status=1, message="time limit (worker stopped)"), True
-        fields, timed_out = receive.recv()
-    finally:
-        if worker.is_alive():
+        answer, _ = worker.communicate(payload, timeout=max(deadline + 1.0 - time.perf_counter(),
+                                                            0.1))
+    except subprocess.TimeoutExpired:
+        return SimpleNamespace(status=1, message="time limit (worker stopped)"), True
+    finally:  # the deadline, Ctrl-C or any error: the worker goes too
+        if worker.poll() is None:
             worker.kill()
-        worker.join()
+        worker.wait()
+    if worker.returncode != 0:
+        raise RuntimeError(f"{label}: the LP worker exited with status {worker.returncode} "
+                           f"(out of memory?)")
+    fields, timed_out = pickle.loads(answer)
     for name in ("ineqlin", "eqlin"):
         if fields[name] is not None:
             fields[name] = SimpleNamespace(**fields[name])
