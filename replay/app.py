@@ -25,11 +25,13 @@ from pathlib import Path
 import hydra
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from hydra_plugins.kvsched_sweeper.sweeper import KvschedSweeper
 from policies.labels import policy_label
 from replay.cli import (
     CONFIG_ERRORS,
@@ -46,6 +48,9 @@ from replay.run import run
 from replay.validate import validate_config
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
+# Hydra finds plugins by scanning the hydra_plugins folders on sys.path, which misses an
+# editable install's; registering the sweeper by hand works for every install.
+Plugins.instance().register(KvschedSweeper)
 
 
 def main() -> None:
