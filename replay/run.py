@@ -8,6 +8,7 @@ versions) is written next to it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import time
@@ -43,6 +44,14 @@ RECORDED_PACKAGES = ("kvsched", "numpy", "pandas", "pyarrow", "hydra-core", "ome
 
 
 def package_versions() -> dict[str, str]:
+    """The versions of the packages a run's results depend on (a copy: the summary's own)."""
+    return dict(_loaded_package_versions())
+
+
+@functools.cache
+def _loaded_package_versions() -> dict[str, str]:
+    # Read once per process: the code that runs is what was imported at its start (a sweep
+    # worker runs hundreds of jobs; reading the metadata costs tens of milliseconds).
     versions = {"python": platform.python_version()}
     for name in RECORDED_PACKAGES:
         try:
