@@ -44,6 +44,7 @@ from replay.config import CONFIG_DIR
 from replay.data import sha256_of
 from replay.experiments.report import build_report, git_describe, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
+from replay.experiments.time_spent import run_sums
 from replay.outputs import changed_inputs, ensure_writable_dir
 from replay.results import TABLE_NAME, collect
 
@@ -81,25 +82,12 @@ def run_summaries(runs_dir: Path) -> dict[str, str]:
             for p in sorted(runs_dir.rglob("summary.json"))}
 
 
-#: Per-run seconds summed into a target's manifest (``time``): each run's whole replay
-#: (setup, loop, tables), the step loop alone, the policy's decisions inside it (an LP
-#: policy's solves), and compiling the step loop.
-RUN_SECONDS = ("wall_time_s", "loop_time_s", "decision_time_s", "compile_time_s")
-
-
 def time_breakdown(runs_dir: Path, runs_s: float, figures_s: float) -> dict[str, float]:
     """Where a target's time went: the runs phase (replay commands, parallel jobs and
-    studies included) and the figures phase, wall-clock; and, summed over the replays'
-    summaries, :data:`RUN_SECONDS` (a sum over parallel jobs can exceed the phase)."""
-    sums = dict.fromkeys(RUN_SECONDS, 0.0)
-    for path in runs_dir.rglob("summary.json"):
-        summary = json.loads(path.read_text())
-        for key in RUN_SECONDS:
-            value = summary.get(key)
-            if isinstance(value, int | float):
-                sums[key] += value
-    return {"runs_s": runs_s, "figures_s": figures_s,
-            **{f"sum_{key}": value for key, value in sums.items()}}
+    studies included) and the figures phase, wall-clock; and sums over the runs'
+    summaries (:func:`replay.experiments.time_spent.run_sums`; a sum over parallel jobs can
+    exceed the phase)."""
+    return {"runs_s": runs_s, "figures_s": figures_s, **run_sums(runs_dir)}
 
 
 def with_settings(target: Target, settings: tuple[str, ...]) -> Target:
@@ -282,6 +270,10 @@ def main() -> None:
                         help="a config override for every target's runs, after the target's "
                              "own (repeatable), e.g. --set engine.compiled=false to time the "
                              "reference loop; use another --outputs for such runs")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="with report: an outputs folder of targets run with --set "
+                             "engine.compiled=false, timed beside these on the results page "
+                             "on time")
     parser.add_argument("--results", type=Path, default=None,
                         help="folder of the Markdown results pages of the docs site (default: "
                              "docs/results/ of the checkout, and none with --quick: quick "
@@ -329,7 +321,7 @@ def main() -> None:
         if results_dir is not None:
             run_or_exit(ensure_writable_dir, results_dir)
             for page in run_or_exit(write_results_pages, TARGETS, outputs_root, results_dir,
-                                    args.quick):
+                                    args.quick, args.reference and args.reference.resolve()):
                 print(f"wrote {page}")
     if failed:
         fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")

@@ -265,7 +265,9 @@ def test_results_pages_stamp_every_table_and_figure_and_name_no_machine_path(qui
     quick("c3")
     _, root = quick("c3")
     pages = write_results_pages(TARGETS, root, tmp_path / "results", quick=True)
-    assert [p.name for p in pages] == ["mcsf.md", "wait.md", "sorted-f.md", "harness.md"]
+    assert [p.name for p in pages] == ["mcsf.md", "wait.md", "sorted-f.md", "harness.md",
+                                       "time.md"]
+    assert "| c3 | 14 |" in (tmp_path / "results" / "time.md").read_text()
     text = (tmp_path / "results" / "sorted-f.md").read_text()
     assert "![c3: tel.png](figures/c3/tel.png)" in text
     assert (tmp_path / "results" / "figures" / "c3" / "tel.png").is_file()
@@ -356,9 +358,14 @@ def test_time_breakdown_sums_the_replays_and_keeps_the_phases(tmp_path):
     (tmp_path / "study.json").write_text("{}")  # not a run summary: not counted
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "summary.json").write_text(json.dumps({"study": "x"}))  # no times
+    (tmp_path / "h").mkdir()  # a study: its solver's time as statistics over its trials
+    (tmp_path / "h" / "summary.json").write_text(json.dumps({
+        "wall_time_s": 10.0, "solve_time_s": {"count": 4, "mean": 1.5, "max": 3.0},
+        "lp_time_s": {"count": 4, "mean": 0.25}}))
     assert time_breakdown(tmp_path, 4.0, 0.5) == {
-        "runs_s": 4.0, "figures_s": 0.5, "sum_wall_time_s": 5.0, "sum_loop_time_s": 3.5,
-        "sum_decision_time_s": 1.5, "sum_compile_time_s": 0.5}
+        "runs_s": 4.0, "figures_s": 0.5, "sum_wall_time_s": 15.0, "sum_loop_time_s": 3.5,
+        "sum_decision_time_s": 1.5, "sum_compile_time_s": 0.5, "sum_solve_s": 7.0,
+        "runs": 4}
 
 
 def test_set_overrides_reach_every_run_and_the_manifest(tiny):

@@ -33,6 +33,7 @@ import jinja2
 import pandas as pd
 
 from replay.data import CACHE_ENV, cache_dir
+from replay.experiments import time_spent
 from replay.experiments.claims import CLAIMS, PAPERS
 from replay.experiments.targets import MANIFEST
 from replay.results import TABLE_NAME
@@ -299,12 +300,55 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
     return out
 
 
+def write_time_page(targets: dict, outputs_root: Path, results_dir: Path, quick: bool,
+                    version: str, reference_root: Path | None = None) -> Path:
+    """``results_dir/time.md``: where the targets' time went, per target, per series and
+    over the whole (:mod:`replay.experiments.time_spent`); with ``reference_root`` (targets
+    run with ``--set engine.compiled=false``), each target's time on both loops."""
+    names = {(f"{n}-quick" if quick else n): n for n in targets}
+    rows = time_spent.target_times(names, outputs_root)
+    if not rows.empty:
+        rows["target"] = rows["target"].map(names)
+    timed = set(rows["target"]) if not rows.empty else set()
+    whole = series = largest = None
+    largest_share = 0.0
+    if not rows.empty:
+        sums = ["runs", "total_s", "runs_s", "figures_s", "replays_s", "loops_s",
+                "decisions_s", "solves_s", "compile_s", "outside_core_s"]
+        series = rows.groupby("series")[sums].sum().reset_index()  # A, B, C, D
+        series["targets"] = rows.groupby("series").size().to_numpy()
+        whole = {**rows[sums].sum().to_dict(), "targets": len(rows),
+                 "runs": int(rows["runs"].sum())}
+        largest = rows.nlargest(min(5, len(rows)), "total_s")
+        largest_share = largest["total_s"].sum() / rows["total_s"].sum()
+        series, largest = series.to_dict("records"), largest.to_dict("records")
+    comparison = None
+    if reference_root is not None:
+        reference = time_spent.target_times(names, reference_root)
+        if not reference.empty:
+            reference["target"] = reference["target"].map(names)
+            reference = reference[reference["config"].str.contains("engine.compiled=false",
+                                                                    regex=False)]
+        comparison = (time_spent.compare(rows, reference) if not rows.empty
+                      and not reference.empty else pd.DataFrame())
+    text = _TEMPLATES.get_template("time.md.j2").render(
+        built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version, quick=quick,
+        parallel=time_spent.PARALLEL, whole=whole, series=series, largest=largest,
+        largest_share=largest_share,
+        targets=rows.to_dict("records") if not rows.empty else [],
+        never_run=[n for n in targets if n not in timed], comparison=comparison)
+    out = results_dir / "time.md"
+    out.write_text(text)
+    return out
+
+
 def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
-                        quick: bool) -> list[Path]:
+                        quick: bool, reference_root: Path | None = None) -> list[Path]:
     """Write one Markdown page per paper series into ``results_dir`` (the documentation
     site's ``docs/results/``), with every figure and its CSV copied into
-    ``results_dir/figures/<target>/``. The pages show what the outputs hold now: a
-    target's earlier figures there are removed first."""
+    ``results_dir/figures/<target>/``, and the page on time (:func:`write_time_page`). The
+    pages show what the outputs hold now: a target's earlier figures there are removed
+    first."""
     views = target_views(targets, outputs_root, quick)
     crosscheck = _crosscheck(outputs_root.parent / "crosscheck", outputs_root)
     # Before writing: the pages themselves would make the checkout look edited ("-dirty").
@@ -343,4 +387,6 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
         out = results_dir / f"{page}.md"
         out.write_text(text)
         written.append(out)
+    written.append(write_time_page(targets, outputs_root, results_dir, quick, version,
+                                   reference_root))
     return written

@@ -17,6 +17,7 @@ triples already there (rows written before the requeue column existed count as
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import matplotlib
@@ -106,6 +107,7 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
               alpha_stop: float, alpha_step: float, show_alpha: float,
               show_seconds: float | None = None, requeues: list[str] = ("front",),
               workers: int = 1) -> dict:
+    started = time.perf_counter()  # the study's whole time, as a replay records it
     if not cfg.policy._target_.endswith("AlphaProtection"):
         raise InputError("alpha search: needs policy=protection")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -139,5 +141,6 @@ def run_study(cfg: DictConfig, out_dir: Path, rates: list[float], alpha_start: f
                "smallest_alpha": thresholds.to_dict(orient="records"),
                "cycle_status": cycle.status, "length_unit": cfg.workload.get("length_unit"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
+    summary["wall_time_s"] = time.perf_counter() - started
     atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     return summary

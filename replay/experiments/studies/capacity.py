@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import matplotlib
@@ -229,6 +230,7 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, fractions: list,
               horizons: list, growth_limit: float, delay_floor: float, timings: dict,
               seed: int = 0, overrides: list | None = None, quick: bool = False,
               quick_settings: dict | None = None) -> dict:
+    started = time.perf_counter()  # the study's whole time, as a replay records it
     def plain(value):
         return OmegaConf.to_container(value, resolve=True) if isinstance(
             value, DictConfig | ListConfig) else value
@@ -266,5 +268,6 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, fractions: list,
                "growth_limit": growth_limit, "delay_floor": delay_floor, "fluid": fluid,
                "summary": summary_table.to_dict(orient="records"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
+    summary["wall_time_s"] = time.perf_counter() - started
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import matplotlib
@@ -169,6 +170,7 @@ def plot_segment_terms(table: pd.DataFrame, out: Path) -> Path:
 def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, settings: list,
               segment_counts: list, prompt_len: float, max_output: int, epsilon: float,
               simulated_root: str | None = None, simulated_suffix: str = "") -> dict:
+    started = time.perf_counter()  # the study's whole time, as a replay records it
     out_dir.mkdir(parents=True, exist_ok=True)
     root = Path(simulated_root) if simulated_root else None
     table = benchmark_table(dict(scenarios), str(cfg.data_dir), root, simulated_suffix)
@@ -189,5 +191,6 @@ def run_study(cfg: DictConfig, out_dir: Path, scenarios: dict, settings: list,
                "best_segments": best[["rate", "horizon", "delta", "segments", "total"]]
                .to_dict(orient="records"),
                "config": OmegaConf.to_container(cfg, resolve=True)}
+    summary["wall_time_s"] = time.perf_counter() - started
     atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
     return summary

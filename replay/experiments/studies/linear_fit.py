@@ -10,6 +10,7 @@ Writes ``fit_linear.json`` (coefficients, provenance, errors), ``fit_regions.csv
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import matplotlib
@@ -53,6 +54,7 @@ def plot(regions: pd.DataFrame, out: Path) -> Path:
 def run_study(cfg: DictConfig, out_dir: Path, batches: int, seed: int = 0,
               overrides: list | None = None, quick: bool = False,
               quick_settings: dict | None = None) -> dict:
+    started = time.perf_counter()  # the study's whole time, as a replay records it
     settings = {"batches": int(batches), "overrides": list(overrides or [])}
     if quick:
         settings.update(OmegaConf.to_container(quick_settings, resolve=True)
@@ -73,5 +75,6 @@ def run_study(cfg: DictConfig, out_dir: Path, batches: int, seed: int = 0,
                "fits": {model: {k: v for k, v in fit.items() if k != "regions"}
                         for model, fit in results.items()},
                "config": OmegaConf.to_container(cfg, resolve=True)}
+    summary["wall_time_s"] = time.perf_counter() - started
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return summary
