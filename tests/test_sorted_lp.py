@@ -98,3 +98,47 @@ def test_lp_failures_and_bad_options_are_clear_errors():
     s, o, kv = C3
     with pytest.raises(SolverError, match="status time_limit"):
         replay(s, o, SortedLP(EvictLIFO(), grid=1, time_limit_s=1e-9), kv)
+
+
+def test_shared_solves_answer_a_repeated_problem_without_solving_it_again(monkeypatch):
+    import replay.bounds.lp as lp
+    from replay.bounds.instance import Instance
+
+    calls = []
+    solve_here = lp._solve_here
+    monkeypatch.setattr(lp, "_solve_here", lambda *a, **k: calls.append(1) or solve_here(*a, **k))
+    inst = Instance(np.array([3, 1, 2, 4]), np.array([2, 5, 3, 1]), np.zeros(4), 10)
+    alone = lp.lp_bound(inst, tail_cuts=False)
+    solves = len(calls)
+    with lp.shared_solves():
+        first = lp.lp_bound(inst, tail_cuts=False)
+        again = lp.lp_bound(inst, tail_cuts=False)
+        other = lp.lp_bound(inst, tail_cuts=False, method="highs-ds")  # another problem
+    assert len(calls) == 3 * solves  # alone, first, other: `again` solved nothing
+    assert again.value == first.value == alone.value and again.status == "optimal"
+    assert np.array_equal(again.mean_start, first.mean_start)
+    again.mean_start[:] = -1  # each answer is the caller's own
+    assert not np.array_equal(again.mean_start, first.mean_start)
+    assert other.value == alone.value
+    lp.lp_bound(inst, tail_cuts=False)  # outside the block: solved again
+    assert len(calls) == 4 * solves
+
+
+def test_sorted_lp_and_lp_swap_share_their_lp_in_c1_without_changing_a_result():
+    import contextlib
+
+    import replay.experiments.studies.c1_synthetic as c1
+
+    params = {"seed": 0, "n": 30, "n_mixed": 40, "kv_tokens": 100, "lp_max_columns": 50000,
+              "lp_method": "highs-ipm", "max_starts_per_round": None,
+              "policies": ["sorted_lp", "lp_swap"]}
+    shared = c1.run_trial("uniform", 0, params)
+    c1_shared = c1.shared_solves
+    try:
+        c1.shared_solves = contextlib.nullcontext
+        separate = c1.run_trial("uniform", 0, params)
+    finally:
+        c1.shared_solves = c1_shared
+    timed = ("time_sorted_lp", "time_lp_swap", "lp_time_s")
+    assert {k: v for k, v in shared.items() if k not in timed} == \
+        {k: v for k, v in separate.items() if k not in timed}

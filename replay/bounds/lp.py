@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import hashlib
 import itertools
 import logging
 import math
@@ -422,10 +425,62 @@ def _most_violated(excess: list[np.ndarray], limit: int, first_round: int) -> li
             for lo, hi in itertools.pairwise(bounds)]
 
 
+#: lp_bound's optimal results by problem, inside :func:`shared_solves` (``None``: outside).
+_shared_solves: dict[str, LPBound] | None = None
+
+
+@contextlib.contextmanager
+def shared_solves():
+    """Inside this block :func:`lp_bound` answers a problem it has already solved to
+    optimality in the block (the same instance and options) with that solution instead of
+    solving it again: for an experiment that runs several LP-based policies on one instance
+    (C1's Sorted-LP and LP-Swap plan with the same LP). A solve the time limit ended is not
+    shared (a second solve might get further). The answer's ``solve_time_s`` is the first
+    solve's."""
+    global _shared_solves
+    outer = _shared_solves
+    _shared_solves = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _shared_solves = outer
+
+
+def _problem_key(inst: Instance, options: tuple) -> str:
+    digest = hashlib.sha256(repr((inst.kv_capacity, options)).encode())
+    for values in (inst.prompt_len, inst.output_len, inst.arrival):
+        digest.update(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()
+
+
 def lp_bound(inst: Instance, upper_bound_tel: int | None = None, time_limit_s: float = 60.0,
              max_rounds: int = 40, tail_cuts: bool = True, max_new_cuts: int = 300,
              grid: int = 1, method: str = "highs-ipm", max_nonzeros: int | None = None,
              size_keys: str = "coarsen the grid or solve fewer requests") -> LPBound:
+    """:func:`solve_lp_bound`, or inside :func:`shared_solves` the optimal answer it already
+    gave to the same problem."""
+    solve = functools.partial(solve_lp_bound, inst, upper_bound_tel, time_limit_s, max_rounds,
+                              tail_cuts, max_new_cuts, grid, method, max_nonzeros, size_keys)
+    if _shared_solves is None:
+        return solve()
+    key = _problem_key(inst, (upper_bound_tel, time_limit_s, max_rounds, tail_cuts,
+                              max_new_cuts, grid, method, max_nonzeros))
+    if key not in _shared_solves:
+        result = solve()
+        if result.status != "optimal":
+            return result
+        _shared_solves[key] = result
+    shared = _shared_solves[key]
+    return dataclasses.replace(shared, mean_start=None if shared.mean_start is None
+                               else shared.mean_start.copy())
+
+
+def solve_lp_bound(inst: Instance, upper_bound_tel: int | None = None,
+                   time_limit_s: float = 60.0, max_rounds: int = 40, tail_cuts: bool = True,
+                   max_new_cuts: int = 300, grid: int = 1, method: str = "highs-ipm",
+                   max_nonzeros: int | None = None,
+                   size_keys: str = "coarsen the grid or solve fewer requests") -> LPBound:
     """The LP relaxation of the time-indexed program, solved by column generation,
     strengthened by tail cuts when ``tail_cuts``.
 
