@@ -14,6 +14,7 @@ jobs' own overhead: starting processes, composing configs, writing run folders.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -42,7 +43,8 @@ def run_sums(runs_dir: Path) -> dict[str, float]:
                 sums[f"sum_{key}"] += value
         for key in STUDY_SOLVES:
             stats = summary.get(key)
-            if isinstance(stats, dict) and {"count", "mean"} <= stats.keys():
+            if isinstance(stats, dict) and stats.get("count") and math.isfinite(
+                    stats.get("mean", math.nan)):
                 sums["sum_solve_s"] += stats["count"] * stats["mean"]
     return sums
 

@@ -233,6 +233,10 @@ def run_study(cfg: DictConfig, out_dir: Path, *, trials: int = 100,
     plot(per_distribution, params["policies"], out_dir)
     summary = {"status": "completed", "per_distribution": per_distribution,
                "wall_time_s": time.perf_counter() - started, "resumed_trials": len(finished),
+               # the trials' LP solves (one per trial, shared by Sorted-LP and LP-Swap)
+               **({"lp_time_s": {"count": int(table["lp_time_s"].count()),
+                                 "mean": float(table["lp_time_s"].mean())}}
+                  if "lp_time_s" in table else {}),
                "setup": "unit time, all at round 0, M = 100, lengths from workload=synthetic",
                "params": params, "packages": package_versions(), "out_dir": str(out_dir)}
     atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
