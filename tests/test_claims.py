@@ -152,3 +152,16 @@ def test_wait_best_judges_every_rate_and_keeps_the_weakest(tmp_path):
     found, measured = wait_best_check("WAIT")(out_dir)
     assert found == UNEXPLAINED
     assert "rate 55/s: WAIT 1.050x" in measured and "rate 550/s: WAIT 0.950x" in measured
+
+
+def test_a_scaled_down_hindsight_study_reports_its_ratios_without_a_verdict(tmp_path):
+    from replay.experiments.claims import CLAIMS
+
+    pd.DataFrame({"status": ["optimal", "optimal", "feasible"],
+                  "ratio": [1.0, 1.2, 1.5]}).to_csv(tmp_path / "ratio_hist.csv", index=False)
+    (claim,) = CLAIMS["a1s"]
+    verdict, measured = claim.judge(tmp_path)
+    assert verdict == "no check"  # the paper's 1.005 is for n ~ U{40..60}, not this size
+    assert measured.startswith("mean 1.100, max 1.200, exact in 1 of 2 proven trials")
+    (full,) = CLAIMS["a1"]
+    assert full.judge(tmp_path)[0] == "differs"  # at full size the paper's value applies

@@ -80,6 +80,14 @@ def ratio_check(paper_mean: float) -> Check:
     return check
 
 
+def no_value_at_this_size(check: Check) -> Check:
+    """A scaled-down target's check: what it measured, but no verdict against a value the
+    paper gives for another size."""
+    def measured_only(out_dir: Path) -> tuple[str, str]:
+        return "no check", f"{check(out_dir)[1]} (the paper's value is for the full size)"
+    return measured_only
+
+
 def mcsf_lowest_check(rate: int, paper_ratio: float) -> Check:
     def check(out_dir: Path) -> tuple[str, str]:
         runs = _csv(out_dir, f"latency_vs_n_runs_rate{rate}.csv")
@@ -393,7 +401,8 @@ CLAIMS: dict[str, list[Claim]] = {
        for name, side, model, (mean, text) in (("a1", "left", 1, _A1_PAPER["a1"]),
                                                ("a2", "right", 2, _A1_PAPER["a2"]))},
     **{f"{name}s": [Claim("mcsf_journal", "5.1 (scaled down: ours)", f"No paper value at this "
-                          f"size; the paper's full-size result is {text}.", ratio_check(mean))]
+                          f"size; the paper's full-size result is {text}.",
+                          no_value_at_this_size(ratio_check(mean)))]
        for name, (mean, text) in _A1_PAPER.items()},
     **{name: _A3 for name in ("a3", "a3_small", "a3_lmsys_synthetic",
                               "a3_lmsys_words_synthetic")},
