@@ -61,3 +61,31 @@ def test_the_report_stamps_d3_with_the_commit_that_ran_it(checked):
     assert recorded["commit"] == git_describe() and "vidur" in recorded["packages"]
     stamp = _crosscheck(out, out.parent / "reproduce")["stamp"]
     assert stamp["commit"] == recorded["commit"] and stamp["date"] == recorded["date"]
+
+
+def test_each_simulator_is_timed_by_its_fastest_of_repeated_runs(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import replay.crosscheck as cc
+
+    walls = {"kvsched": iter([0.3, 0.1, 0.2]), "vidur": iter([5.0, 7.0, 4.0])}
+    requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
+                             "output_len": [2], "latency": [1.0], "ttft": [0.5],
+                             "tbt_mean": [0.5], "evictions": [0]})
+
+    class Timing:
+        spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
+
+        def vidur_predictor(self):
+            return None
+
+    monkeypatch.setattr(cc, "SCHEDULERS", ("vllm",))
+    monkeypatch.setattr(cc, "run_harness", lambda *a: (requests, next(walls["kvsched"]),
+                                                       SimpleNamespace(timing=None)))
+    monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
+    monkeypatch.setattr(cc, "run_vidur", lambda *a: (requests.assign(restarts=0),
+                                                     next(walls["vidur"])))
+    speed = cc.crosscheck(Setup(n=1, quick=True), tmp_path, cases={"lmsys": (5.0,)},
+                          repeat=3)
+    row = speed.iloc[0]
+    assert (row["kvsched_wall_s"], row["vidur_wall_s"], row["runs_each"]) == (0.1, 4.0, 3)
