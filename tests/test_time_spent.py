@@ -57,6 +57,8 @@ def test_the_page_totals_the_series_and_compares_the_two_loops(tmp_path):
     assert "Not timed here (never run at full size, or failed): c9." in page
     assert "| b1 | 50 | 150 | 3.0 | 16.0 | 48.0 | 3.0 |" in page
     assert "| a1 | 100 | 100 | 1.0 |" in page
+    assert "call a solver (a1) take\n100 s, 67 % of the total" in page
+    assert "4 runs spent 56 core-seconds outside any run\n(14.00 s per run)" in page
 
 
 def test_reference_runs_without_the_reference_loop_are_not_compared(tmp_path):

@@ -321,6 +321,12 @@ def write_time_page(targets: dict, outputs_root: Path, results_dir: Path, quick:
                  "runs": int(rows["runs"].sum())}
         largest = rows.nlargest(min(5, len(rows)), "total_s")
         largest_share = largest["total_s"].sum() / rows["total_s"].sum()
+        solving = rows[rows["solves_s"] > 0]
+        multiruns = rows[rows["runs"] > 1]
+        whole["solver_targets"] = ", ".join(solving["target"])
+        whole["solver_targets_s"] = float(solving["total_s"].sum())
+        whole["multirun_runs"] = int(multiruns["runs"].sum())
+        whole["multirun_outside_core_s"] = float(multiruns["outside_core_s"].sum())
         series, largest = series.to_dict("records"), largest.to_dict("records")
     comparison = None
     if reference_root is not None:
