@@ -411,18 +411,16 @@ def compiled_decision(policy, view: PolicyView) -> Batch:
         if error:
             policy.decide(view)  # raises
     elif kind in (dec.WAIT, dec.NESTED_WAIT):
-        params, floats = _policy_params(policy, capacity, block)
+        type_id = np.ascontiguousarray(view.type_id, dtype=np.int64)
+        params, floats = _policy_params(policy, capacity, block, type_id)
         args = (params, floats, view.now, view.more_arrivals)
         tail = (np.ascontiguousarray(view.arrival, dtype=np.float64),
                 np.ascontiguousarray(view.generated, dtype=np.int64), waiting, 0, waiting.size,
                 running, running.size, start, advance, scratch[0], scratch[1],
                 np.zeros(n, dtype=np.bool_))
         if kind == dec.WAIT:
-            type_id = np.ascontiguousarray(view.type_id, dtype=np.int64)
-            params, _ = _policy_params(policy, capacity, block, type_id)
             n_start, n_adv, n_pre, _, error = dec.wait_decide(
-                params, *args[1:], type_id, *tail, _type_waiting(policy, params, type_id,
-                                                                   waiting))
+                *args, type_id, *tail, _type_waiting(policy, params, type_id, waiting))
         else:
             n_start, n_adv, n_pre, _, error = dec.nested_wait_decide(*args, *tail)
         if error:

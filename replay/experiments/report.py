@@ -310,24 +310,7 @@ def write_time_page(targets: dict, outputs_root: Path, results_dir: Path, quick:
     if not rows.empty:
         rows["target"] = rows["target"].map(names)
     timed = set(rows["target"]) if not rows.empty else set()
-    whole = series = largest = None
-    largest_share = 0.0
-    if not rows.empty:
-        sums = ["runs", "total_s", "runs_s", "figures_s", "replays_s", "loops_s",
-                "decisions_s", "solves_s", "compile_s", "outside_core_s"]
-        series = rows.groupby("series")[sums].sum().reset_index()  # A, B, C, D
-        series["targets"] = rows.groupby("series").size().to_numpy()
-        whole = {**rows[sums].sum().to_dict(), "targets": len(rows),
-                 "runs": int(rows["runs"].sum())}
-        largest = rows.nlargest(min(5, len(rows)), "total_s")
-        largest_share = largest["total_s"].sum() / rows["total_s"].sum()
-        solving = rows[rows["solves_s"] > 0]
-        multiruns = rows[rows["runs"] > 1]
-        whole["solver_targets"] = ", ".join(solving["target"])
-        whole["solver_targets_s"] = float(solving["total_s"].sum())
-        whole["multirun_runs"] = int(multiruns["runs"].sum())
-        whole["multirun_outside_core_s"] = float(multiruns["outside_core_s"].sum())
-        series, largest = series.to_dict("records"), largest.to_dict("records")
+    totals = time_spent.totals(rows)
     comparison = None
     if reference_root is not None:
         reference = time_spent.target_times(names, reference_root)
@@ -339,8 +322,7 @@ def write_time_page(targets: dict, outputs_root: Path, results_dir: Path, quick:
                       and not reference.empty else pd.DataFrame())
     text = _TEMPLATES.get_template("time.md.j2").render(
         built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version, quick=quick,
-        parallel=time_spent.PARALLEL, whole=whole, series=series, largest=largest,
-        largest_share=largest_share,
+        parallel=time_spent.PARALLEL, **totals,
         targets=rows.to_dict("records") if not rows.empty else [],
         never_run=[n for n in targets if n not in timed], comparison=comparison)
     out = results_dir / "time.md"

@@ -83,3 +83,25 @@ def compare(after: pd.DataFrame, before: pd.DataFrame) -> pd.DataFrame:
     both["loop_speedup"] = both["loops_s_reference"] / both["loops_s"].where(
         both["loops_s"] > 0)
     return both
+
+
+def totals(rows: pd.DataFrame) -> dict:
+    """What the page says of :func:`target_times`'s rows as a whole: sums per series and
+    over all targets, the longest targets and their share, and the solver-bound studies'
+    and the multiruns' parts (``None`` and empty where no target has run)."""
+    if rows.empty:
+        return {"whole": None, "series": None, "largest": None, "largest_share": 0.0}
+    sums = ["runs", "total_s", "runs_s", "figures_s", "replays_s", "loops_s", "decisions_s",
+            "solves_s", "compile_s", "outside_core_s"]
+    series = rows.groupby("series")[sums].sum().reset_index()  # A, B, C, D
+    series["targets"] = rows.groupby("series").size().to_numpy()
+    solving, multiruns = rows[rows["solves_s"] > 0], rows[rows["runs"] > 1]
+    whole = {**rows[sums].sum().to_dict(), "targets": len(rows), "runs": int(rows["runs"].sum()),
+             "solver_targets": ", ".join(solving["target"]),
+             "solver_targets_s": float(solving["total_s"].sum()),
+             "multirun_runs": int(multiruns["runs"].sum()),
+             "multirun_outside_core_s": float(multiruns["outside_core_s"].sum())}
+    largest = rows.nlargest(min(5, len(rows)), "total_s")
+    return {"whole": whole, "series": series.to_dict("records"),
+            "largest": largest.to_dict("records"),
+            "largest_share": largest["total_s"].sum() / rows["total_s"].sum()}
