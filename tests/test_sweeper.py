@@ -71,3 +71,22 @@ def test_a_sweep_runs_every_job(tmp_path):
                    f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(tmp_path.glob("*/summary.json"))) == 6
+
+
+def test_the_default_sweeper_config_composes_to_kvscheds_sweeper():
+    # configs/hydra/ holds option folders only, so the per-file test of every config
+    # (tests/test_configs.py) does not reach it.
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from replay.config import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", return_hydra_config=True,
+                      overrides=["experiment=a4"])
+    sweeper = instantiate(cfg.hydra.sweeper)
+    # by name: Hydra's plugin scan may have executed the module again (a new class object)
+    assert f"{type(sweeper).__module__}.{type(sweeper).__name__}" == \
+        "hydra_plugins.kvsched_sweeper.sweeper.KvschedSweeper"
+    assert sweeper.basic.params["paper_policy"].startswith("mcsf,")  # the experiment's sweep
+    assert cfg.hydra.launcher.n_jobs == 2  # configs/hydra/launcher/local.yaml
