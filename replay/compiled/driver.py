@@ -202,9 +202,11 @@ class _Run:
         self.log_failed = np.zeros(_INITIAL_LOG_ROWS, dtype=np.bool_)
         gaps = e.token_gaps
         gaps._flush()  # a fresh engine's histogram is empty; fold anything there first
-        self.hist_buffer = gaps._buffer
-        self.pending = np.zeros(gaps._buffer.size + n, dtype=np.float64)
-        self.seg_ends = np.zeros(2, dtype=np.int64)
+        self.ints[k.I_GAP_COUNT] = gaps.count
+        # the loop folds into the histogram's own buffer and counts
+        self.hist_floats = np.zeros(4, dtype=np.float64)
+        self.hist_floats[[k.H_LOG_LO, k.H_LOG_RATIO, k.H_TOTAL, k.H_MAX]] = (
+            gaps._log_lo, gaps._log_ratio, gaps.total, gaps.max)
         s = e
         self.args_head = (config, policy_ints, policy_floats, beta, e.overflow_rng, linear,
                           token_ms, decode_ms, prefill_ms, vidur_ints, self.out_of_range,
@@ -219,7 +221,7 @@ class _Run:
         # the last batch's shape, read back where pricing stops (EXIT_PRICE_ERROR)
         self.new_tokens, self.context = np.zeros(n, dtype=i64), np.zeros(n, dtype=i64)
         self.is_prefill = np.zeros(n, dtype=np.bool_)
-        self.args_tail = (self.hist_buffer, self.pending, self.seg_ends,
+        self.args_tail = (gaps._buffer, gaps.counts, self.hist_floats,
                           np.zeros(n, dtype=i64), np.zeros(n, dtype=np.bool_),
                           np.zeros(2 * n + 16, dtype=i64), np.zeros(n, dtype=i64),
                           *(np.zeros(n, dtype=i64) for _ in range(4)),  # start..chunk_ids
@@ -236,12 +238,12 @@ class _Run:
     def call(self) -> int:
         return self.step_loop(*self.args())
 
-    def fold_pending(self) -> None:
-        gaps, start = self.engine.token_gaps, 0
-        for end in self.seg_ends[:self.ints[k.I_NSEG]]:
-            gaps._fold(self.pending[start:end])  # _fold reads its input only
-            start = int(end)
-        self.ints[k.I_PENDING] = self.ints[k.I_NSEG] = 0
+    def finish_token_gaps(self) -> None:
+        """The histogram's scalars as the loop left them (its buffer and counts are the
+        histogram's own arrays)."""
+        gaps, ints, floats = self.engine.token_gaps, self.ints, self.hist_floats
+        gaps._filled, gaps.count = int(ints[k.I_FILLED]), int(ints[k.I_GAP_COUNT])
+        gaps.total, gaps.max = float(floats[k.H_TOTAL]), float(floats[k.H_MAX])
 
     def grow_log(self) -> None:
         rows = self.log_failed.size
@@ -350,9 +352,7 @@ def run_compiled(engine: Engine) -> CompiledRunResult:
         code = run.call()
         if code == k.EXIT_DONE:
             break
-        if code == k.EXIT_FOLD:
-            run.fold_pending()
-        elif code == k.EXIT_LOG_FULL:
+        if code == k.EXIT_LOG_FULL:
             run.grow_log()
         elif code == k.EXIT_ASK_POLICY:
             engine.policy.decide(run.view())  # raises what the Python path raises
@@ -362,8 +362,7 @@ def run_compiled(engine: Engine) -> CompiledRunResult:
             engine.timing.duration(BatchShape(run.new_tokens[:m].copy(), run.context[:m].copy(),
                                               run.is_prefill[:m].copy()))
             raise RuntimeError("compiled pricing stopped on a batch the backend priced")
-    run.fold_pending()
-    engine.token_gaps._filled = int(run.ints[k.I_FILLED])  # the loop filled its buffer
+    run.finish_token_gaps()
     run.finish_engine_state()
     if isinstance(engine.timing, VidurTiming):
         for kind, count in zip(pricing.OUT_OF_RANGE_KINDS, run.out_of_range.tolist(),

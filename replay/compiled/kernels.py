@@ -8,13 +8,15 @@ It returns to its caller (:mod:`replay.compiled.driver`) at a step boundary when
 
 * the run ends (:data:`EXIT_DONE`; ``ints[I_STATUS]`` says how),
 * the iteration columns are full (:data:`EXIT_LOG_FULL`: the driver grows them),
-* the token-gap buffer was flushed (:data:`EXIT_FOLD`: the driver folds the flushed
-  values into the :class:`~replay.engine.histogram.LogHistogram` with its own numpy code, so
-  the histogram is bit-identical: same values, same fold points),
 
 or in the middle of a step where the Python twin raises (:data:`EXIT_ASK_POLICY`,
 :data:`EXIT_PRICE_ERROR`: the driver asks the Python code to raise the same error).
 Every loop variable lives in ``ints``/``now`` so the loop resumes where it stopped.
+
+Token gaps go into the engine's :class:`~replay.engine.histogram.LogHistogram` inside the
+loop: its buffer, its counts and the same fold rule
+(:func:`replay.engine.histogram.fold_values`) at the same fold points, so the histogram is
+bit-identical to the Python path's.
 
 The KV and queue rules are plain functions (:func:`evict`, :func:`complete`,
 :func:`release_arrivals`) so that a Python path can share them.
@@ -54,18 +56,21 @@ from replay.compiled.pricing import (
     vidur_duration,
 )
 from replay.compiled.sorting import sorted_copy, stable_argsort
+from replay.engine.histogram import fold_values
 from replay.timing.vidur_tables import TOKEN_ROUNDING
 
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
 
-EXIT_DONE, EXIT_LOG_FULL, EXIT_FOLD, EXIT_ASK_POLICY, EXIT_PRICE_ERROR = range(5)
+EXIT_DONE, EXIT_LOG_FULL, EXIT_ASK_POLICY, EXIT_PRICE_ERROR = range(4)
 STATUS_COMPLETED, STATUS_LIVELOCK, STATUS_STALLED, STATUS_STEP_LIMIT = range(4)
 
 # ``ints``: the loop's integer variables
 (I_RELEASED, I_ITERATION, I_STEPS, I_IDLE, I_COMPLETED, I_KV_HELD, I_BLOCKS_HELD, I_NEXT_KEY,
- I_QHEAD, I_QTAIL, I_NRUN, I_LOG, I_FILLED, I_PENDING, I_NSEG, I_STATUS, I_DECISIONS, I_M,
- I_MC_LEN, I_JOINED, I_LEFT, I_HINT) = range(22)
-N_INTS = 22
+ I_QHEAD, I_QTAIL, I_NRUN, I_LOG, I_FILLED, I_GAP_COUNT, I_STATUS, I_DECISIONS, I_M,
+ I_MC_LEN, I_JOINED, I_LEFT, I_HINT) = range(21)
+N_INTS = 21
+# ``hist_floats``: the token-gap histogram's fold constants and running total and maximum
+H_LOG_LO, H_LOG_RATIO, H_TOTAL, H_MAX = range(4)
 # ``config``: the run's options
 (C_N, C_CAPACITY, C_BLOCK, C_LIVELOCK, C_MAX_STEPS, C_MAX_RUNNING, C_MAX_STARTS, C_RECOMPUTE,
  C_REQUEUE_BACK, C_OVERFLOW, C_FAST_FORWARD) = range(11)
@@ -217,39 +222,33 @@ def complete(finished, nf, end, config, ints, status, held, completion_time, run
 
 
 @njit(cache=True)
-def add_gaps(gaps, k, hist_buffer, pending, seg_ends, ints):
-    """LogHistogram.add of ``gaps[:k]``; where it would fold, the values it would fold go
-    to ``pending`` (one segment per fold, ends in ``seg_ends``) for the driver to fold.
-    Returns True if anything is pending."""
+def fold_gaps(values, k, hist_counts, hist_floats, ints):
+    """LogHistogram._fold of ``values[:k]``."""
+    total, largest = fold_values(values, k, hist_counts, hist_floats[H_LOG_LO],
+                                 hist_floats[H_LOG_RATIO])
+    ints[I_GAP_COUNT] += k
+    hist_floats[H_TOTAL] += total
+    hist_floats[H_MAX] = max(hist_floats[H_MAX], largest)
+
+
+@njit(cache=True)
+def add_gaps(gaps, k, hist_buffer, hist_counts, hist_floats, ints):
+    """LogHistogram.add of ``gaps[:k]``: buffered, and folded where it folds."""
     if k == 0:
-        return False
+        return
     filled = ints[I_FILLED]
     size = hist_buffer.size
-    if filled + k <= size:
-        for i in range(k):
-            hist_buffer[filled + i] = gaps[i]
-        ints[I_FILLED] = filled + k
-        return False
-    p = ints[I_PENDING]
-    if filled:
-        for i in range(filled):
-            pending[p + i] = hist_buffer[i]
-        p += filled
-        seg_ends[ints[I_NSEG]] = p
-        ints[I_NSEG] += 1
-        ints[I_FILLED] = 0
-    if k > size:
-        for i in range(k):
-            pending[p + i] = gaps[i]
-        p += k
-        seg_ends[ints[I_NSEG]] = p
-        ints[I_NSEG] += 1
-    else:
-        for i in range(k):
-            hist_buffer[i] = gaps[i]
-        ints[I_FILLED] = k
-    ints[I_PENDING] = p
-    return True
+    if filled + k > size:
+        if filled:
+            fold_gaps(hist_buffer, filled, hist_counts, hist_floats, ints)
+            filled = 0
+        if k > size:
+            fold_gaps(gaps, k, hist_counts, hist_floats, ints)
+            ints[I_FILLED] = 0
+            return
+    for i in range(k):
+        hist_buffer[filled + i] = gaps[i]
+    ints[I_FILLED] = filled + k
 
 
 @njit(cache=True)
@@ -310,7 +309,7 @@ def _step_loop(policy, timing):
                   output_len, estimate, type_id, status, prefill_len, prefilled, generated, held,
                   start_iteration, evictions, queue_key, start_time, first_token_time,
                   completion_time, last_token_time, max_token_gap, ints, now_box, queue, running,
-                  log_times, log_ints, log_failed, hist_buffer, pending, seg_ends, mc_order,
+                  log_times, log_ints, log_failed, hist_buffer, hist_counts, hist_floats, mc_order,
                   mc_member, joined, chunk_of, start, advance, preempt, chunk_ids, members, chunk,
                   gain, new_tokens, context, is_prefill, scratch, scratch2, scratch3,
                   float_scratch, type_waiting):
@@ -583,7 +582,7 @@ def _step_loop(policy, timing):
             ints[I_KV_HELD] += gain_total
             if block > 1:
                 ints[I_BLOCKS_HELD] += new_blocks
-            folded = add_gaps(float_scratch, n_gaps, hist_buffer, pending, seg_ends, ints)
+            add_gaps(float_scratch, n_gaps, hist_buffer, hist_counts, hist_floats, ints)
             if n_finished:
                 complete(scratch, n_finished, end, config, ints, status, held, completion_time,
                          running)
@@ -596,16 +595,13 @@ def _step_loop(policy, timing):
             ints[I_LOG] = row + 1
             now = end
             ints[I_ITERATION] = iteration + 1
-            if (may_stretch and steady and not folded and config[C_FAST_FORWARD] and decode_only
+            if (may_stretch and steady and config[C_FAST_FORWARD] and decode_only
                     and n_start == 0 and n_evicted == 0 and n_finished == 0):
-                now, folded = decode_stretch(
+                now = decode_stretch(
                     timing, members, m, now, next_arrival, config, ints, output_len, generated,
                     held, last_token_time, max_token_gap, timing_linear, token_ms, decode_ms,
-                    vidur_ints, log_times, log_ints, log_failed, hist_buffer, pending, seg_ends,
-                    float_scratch)
-            if folded:
-                now_box[0] = now
-                return EXIT_FOLD
+                    vidur_ints, log_times, log_ints, log_failed, hist_buffer, hist_counts,
+                    hist_floats, float_scratch)
         now_box[0] = now
         return EXIT_DONE
 
@@ -631,13 +627,12 @@ def decode_price(kind, m, context_sum, context_max, linear, token_ms, decode_ms,
 @njit(cache=True)
 def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_len, generated,
                    held, last_token_time, max_token_gap, linear, token_ms, decode_ms, vidur_ints,
-                   log_times, log_ints, log_failed, hist_buffer, pending, seg_ends, gaps):
+                   log_times, log_ints, log_failed, hist_buffer, hist_counts, hist_floats, gaps):
     """Engine._fast_forward for a batch of decodes whose decision promises to repeat until a
     change: the same steps as the loop's, each priced in O(1), up to (not including) the
     step that completes a request, and stopping before a step that starts at or after
     ``next_arrival``, would exceed the KV capacity, leaves Vidur's profile, or that the
-    loop's livelock, step-limit or table-size checks would stop; also after a step whose
-    token gaps flushed the histogram's buffer. Returns ``(now, flushed)``."""
+    loop's livelock, step-limit or table-size checks would stop. Returns ``now``."""
     completing = output_len[members[0]] - generated[members[0]]
     context_sum = 0
     context_max = 0
@@ -654,7 +649,6 @@ def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_l
             growth[held[members[i]] % block] += 1
     done = 0
     longest = 0.0
-    flushed = False
     while done < completing - 1:
         if ints[I_IDLE] > config[C_LIVELOCK] or ints[I_LOG] >= log_failed.size:
             break
@@ -675,7 +669,7 @@ def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_l
         gap = end - now
         for i in range(m):
             gaps[i] = gap
-        flushed = add_gaps(gaps, m, hist_buffer, pending, seg_ends, ints)
+        add_gaps(gaps, m, hist_buffer, hist_counts, hist_floats, ints)
         longest = max(longest, gap)
         ints[I_KV_HELD] += m
         ints[I_BLOCKS_HELD] += new_blocks
@@ -688,8 +682,6 @@ def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_l
         ints[I_IDLE] += 1
         now = end
         done += 1
-        if flushed:
-            break
     if done:
         for i in range(m):
             rid = members[i]
@@ -697,7 +689,7 @@ def decode_stretch(timing, members, m, now, next_arrival, config, ints, output_l
             held[rid] += done
             last_token_time[rid] = now
             max_token_gap[rid] = np.fmax(max_token_gap[rid], longest)
-    return now, flushed
+    return now
 
 
 @njit(cache=True, inline="always")
