@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from replay.compiled.sorting import search_left, sorted_copy, stable_argsort
+from replay.compiled.sorting import search_left, stable_argsort
 
 VLLM, SARATHI, FCFS, MCSF, PROTECTION, WAIT, NESTED_WAIT = 0, 1, 2, 3, 4, 5, 6
 EVICT_LIFO, CLEAR_ALL, CLEAR_WITH_PROB = 0, 1, 2
@@ -425,13 +425,39 @@ def _first_per_group(keys, limits, n, keep):
 
 
 @njit(cache=True)
+def _ranked_advance(params, per_stage, ready, type_id, generated, running, n_run, advance,
+                    active, keys, keep):
+    """WAIT's advancing requests, ranked within each stage key by a stable sort; returns
+    how many. For stage keys beyond the per-key table of :func:`wait_decide`."""
+    n_active = np.int64(0)
+    for k in range(n_run):
+        if ready[type_id[running[k]]]:
+            active[n_active] = running[k]
+            n_active += 1
+    limits = np.empty(n_active, dtype=np.int64)
+    for k in range(n_active):
+        rid = active[k]
+        keys[k] = type_id[rid] * params[0] + generated[rid]
+        limits[k] = per_stage[type_id[rid]]
+    _first_per_group(keys, limits, n_active, keep)
+    n_adv = 0
+    for k in range(n_active):
+        if keep[k]:
+            advance[n_adv] = active[k]
+            n_adv += 1
+    return n_adv
+
+
+@njit(cache=True)
 def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated, queue, head,
                 tail, running, n_run, start, advance, scratch, scratch2, keep, type_waiting):
     """policies.wait.Wait.decide. ``params``: the stage-key multiplier, whether every request
     of the run has one of the policy's types (then the per-step type check is skipped and
     ``type_waiting`` holds the number of waiting requests of each type, as the step loop
     keeps it; otherwise the queue is counted here), then the per-type thresholds;
-    ``floats``: whether there is a ``max_wait``, and its value."""
+    ``floats``: whether there is a ``max_wait``, and its value. ``running[:n_run]`` must be
+    in ascending id order (the Python twin sorts the running set; the step loop keeps it
+    sorted as requests start and leave, instead of sorting hundreds of ids every step)."""
     types = params.size - 2
     per_stage = params[2:]
     if params[1]:
@@ -475,37 +501,26 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
             taken[t] += 1
             start[n_start] = rid
             n_start += 1
-    n_active = np.int64(0)
-    for k in range(n_run):
-        if ready[type_id[running[k]]]:
-            scratch[n_active] = running[k]
-            n_active += 1
-    active = sorted_copy(scratch, n_active)
-    # The first per_stage[type] of each stage key (type, generated), oldest first: counted
-    # per key while the keys stay in the table, else ranked by a stable sort.
+    # The first per_stage[type] of each stage key (type, generated), oldest first, of the
+    # ready types: counted per key in one pass while the keys stay in the table, else
+    # ranked by a stable sort.
     size = types * params[0]
     counted = np.zeros(size, dtype=np.int64)
-    fits = True
-    for k in range(n_active):
-        rid = active[k]
-        key = type_id[rid] * params[0] + generated[rid]
-        if key >= size:
-            fits = False
-            break
-        keep[k] = counted[key] < per_stage[type_id[rid]]
-        counted[key] += 1
-    if not fits:
-        keys = scratch  # reused: active is a copy
-        for k in range(n_active):
-            rid = active[k]
-            keys[k] = type_id[rid] * params[0] + generated[rid]
-            scratch2[k] = per_stage[type_id[rid]]
-        _first_per_group(keys, scratch2, n_active, keep)
     n_adv = 0
-    for k in range(n_active):
-        if keep[k]:
-            advance[n_adv] = active[k]
+    for k in range(n_run):
+        rid = running[k]
+        t = type_id[rid]
+        if not ready[t]:
+            continue
+        key = t * params[0] + generated[rid]
+        if key >= size:  # a request beyond its type's output length (no type of the run has it)
+            return n_start, _ranked_advance(params, per_stage, ready, type_id, generated,
+                                            running, n_run, advance, scratch, scratch2,
+                                            keep), 0, 0, 0
+        if counted[key] < per_stage[t]:
+            advance[n_adv] = rid
             n_adv += 1
+        counted[key] += 1
     return n_start, n_adv, 0, 0, 0
 
 

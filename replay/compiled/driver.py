@@ -13,7 +13,8 @@ defines fast-forwarding to change nothing but speed); ``decision_time_s`` and
 ``timing_time_s`` are 0 (both happen inside the compiled loop, whose whole wall time
 is ``loop_time_s``); and :class:`CompiledRunResult` adds ``compile_time_s``, the time
 this process spent compiling (or loading from numba's on-disk cache) the loop before
-the replay, which ``loop_time_s`` excludes.
+the replay, which ``loop_time_s`` excludes (it includes waiting for another process
+that compiles into the same cache: one compiles at a time).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import fasteners
 import numba
 import numpy as np
 import pandas as pd
@@ -38,6 +41,7 @@ from replay.compiled import kernels as k
 from replay.compiled import pricing
 from replay.engine.iteration_log import ITERATION_COLUMNS, ITERATION_DTYPES
 from replay.engine.loop import Engine, RunResult
+from replay.engine.numeric import numba_cache_dir
 from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
 from replay.engine.policy import Batch, PolicyView
 from replay.engine.waiting import WaitingQueue
@@ -223,6 +227,7 @@ class _Run:
         self.is_prefill = np.zeros(n, dtype=np.bool_)
         self.args_tail = (gaps._buffer, gaps.counts, self.hist_floats,
                           np.zeros(n, dtype=i64), np.zeros(n, dtype=np.bool_),
+                          np.zeros(n, dtype=i64),  # running_by_id
                           np.zeros(2 * n + 16, dtype=i64), np.zeros(n, dtype=i64),
                           *(np.zeros(n, dtype=i64) for _ in range(4)),  # start..chunk_ids
                           *(np.zeros(n, dtype=i64) for _ in range(3)),  # members, chunk, gain
@@ -328,7 +333,14 @@ def _compile(engine: Engine) -> float:
     # A run's arguments give the signature. Building them here, timed with the compile, also
     # takes part of the first replay's extra cost out of its loop time: the process's first
     # large arrays get fresh pages from the C allocator, later ones reuse freed memory.
-    step_loop.compile(tuple(numba.typeof(arg) for arg in _Run(engine).args()))
+    signature = tuple(numba.typeof(arg) for arg in _Run(engine).args())
+    # One process at a time compiles into (or loads from) the disk cache: numba updates a
+    # function's cache index by read, add, write, so two processes saving different
+    # signatures of one callee at once could lose an entry or map it to the other's code.
+    cache = Path(numba_cache_dir())
+    cache.mkdir(parents=True, exist_ok=True)
+    with fasteners.InterProcessLock(str(cache / ".compile.lock")):
+        step_loop.compile(signature)
     return time.perf_counter() - started
 
 
@@ -418,8 +430,10 @@ def compiled_decision(policy, view: PolicyView) -> Batch:
                 running, running.size, start, advance, scratch[0], scratch[1],
                 np.zeros(n, dtype=np.bool_))
         if kind == dec.WAIT:
+            by_id = np.sort(running)  # as the step loop keeps it
             n_start, n_adv, n_pre, _, error = dec.wait_decide(
-                *args, type_id, *tail, _type_waiting(policy, params, type_id, waiting))
+                *args, type_id, *tail[:5], by_id, *tail[6:],
+                _type_waiting(policy, params, type_id, waiting))
         else:
             n_start, n_adv, n_pre, _, error = dec.nested_wait_decide(*args, *tail)
         if error:

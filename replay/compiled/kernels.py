@@ -67,8 +67,8 @@ STATUS_COMPLETED, STATUS_LIVELOCK, STATUS_STALLED, STATUS_STEP_LIMIT = range(4)
 # ``ints``: the loop's integer variables
 (I_RELEASED, I_ITERATION, I_STEPS, I_IDLE, I_COMPLETED, I_KV_HELD, I_BLOCKS_HELD, I_NEXT_KEY,
  I_QHEAD, I_QTAIL, I_NRUN, I_LOG, I_FILLED, I_GAP_COUNT, I_STATUS, I_DECISIONS, I_M,
- I_MC_LEN, I_JOINED, I_LEFT, I_HINT) = range(21)
-N_INTS = 21
+ I_MC_LEN, I_JOINED, I_LEFT, I_HINT, I_BY_ID_LEN) = range(22)
+N_INTS = 22
 # ``hist_floats``: the token-gap histogram's fold constants and running total and maximum
 H_LOG_LO, H_LOG_RATIO, H_TOTAL, H_MAX = range(4)
 # ``config``: the run's options
@@ -252,6 +252,41 @@ def add_gaps(gaps, k, hist_buffer, hist_counts, hist_floats, ints):
 
 
 @njit(cache=True)
+def insert_by_id(by_id, length, ids, k, scratch):
+    """Insert ``ids[:k]`` (ids not in it) into the ascending ``by_id[:length]``; returns the
+    new length. ``scratch`` holds the sorted ``ids`` meanwhile."""
+    for i in range(k):  # insertion sort: a step starts a few requests
+        item = ids[i]
+        j = i
+        while j > 0 and scratch[j - 1] > item:
+            scratch[j] = scratch[j - 1]
+            j -= 1
+        scratch[j] = item
+    a, b, out = length - 1, k - 1, length + k - 1
+    while b >= 0:  # merge from the back, in place: what is above every new id stays put
+        if a >= 0 and by_id[a] > scratch[b]:
+            by_id[out] = by_id[a]
+            a -= 1
+        else:
+            by_id[out] = scratch[b]
+            b -= 1
+        out -= 1
+    return length + k
+
+
+@njit(cache=True)
+def keep_by_id(by_id, length, status):
+    """Drop from ``by_id[:length]``, in order, the requests no longer running; returns the
+    new length."""
+    kept = 0
+    for i in range(length):
+        if status[by_id[i]] == RUNNING:
+            by_id[kept] = by_id[i]
+            kept += 1
+    return kept
+
+
+@njit(cache=True)
 def mcsf_order(mc_order, mc_member, joined, estimate, status, ints, n, scratch, scratch2):
     """The waiting queue in ascending (estimate, id), kept across steps as
     policies.common.ordering.KeptOrder keeps it: drop what left, merge in what joined."""
@@ -303,16 +338,15 @@ def _step_loop(policy, timing):
     # Decisions that may promise UNTIL_CHANGE: only their loops stretch steady decodes.
     may_stretch = policy in (VLLM, SARATHI, FCFS, MCSF)
 
-    @njit(cache=True)
     def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_linear,
                   token_ms, decode_ms, prefill_ms, vidur_ints, out_of_range, arrival, prompt_len,
                   output_len, estimate, type_id, status, prefill_len, prefilled, generated, held,
                   start_iteration, evictions, queue_key, start_time, first_token_time,
                   completion_time, last_token_time, max_token_gap, ints, now_box, queue, running,
                   log_times, log_ints, log_failed, hist_buffer, hist_counts, hist_floats, mc_order,
-                  mc_member, joined, chunk_of, start, advance, preempt, chunk_ids, members, chunk,
-                  gain, new_tokens, context, is_prefill, scratch, scratch2, scratch3,
-                  float_scratch, type_waiting):
+                  mc_member, running_by_id, joined, chunk_of, start, advance, preempt, chunk_ids,
+                  members, chunk, gain, new_tokens, context, is_prefill, scratch, scratch2,
+                  scratch3, float_scratch, type_waiting):
         n = config[C_N]
         capacity = config[C_CAPACITY]
         block = config[C_BLOCK]
@@ -371,12 +405,16 @@ def _step_loop(policy, timing):
                 n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
                                             head, tail, start)
             elif policy == WAIT:
+                # the running set in id order, kept across steps (starts are merged in as
+                # they start): here those that finished or were evicted since leave it
+                if ints[I_BY_ID_LEN] != n_run:
+                    ints[I_BY_ID_LEN] = keep_by_id(running_by_id, ints[I_BY_ID_LEN], status)
                 if policy_ints[1]:  # every type in range: count who joined the queue since
                     for i in range(ints[I_JOINED]):
                         type_waiting[type_id[joined[i]]] += 1
                 n_start, n_adv, n_pre, n_chunks, error = wait_decide(
                     policy_ints, policy_floats, now, released < n, type_id, arrival, generated,
-                    queue, head, tail, running, n_run, start, advance, scratch, scratch2,
+                    queue, head, tail, running_by_id, n_run, start, advance, scratch, scratch2,
                     is_prefill, type_waiting)
             else:  # NESTED_WAIT
                 n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
@@ -529,6 +567,9 @@ def _step_loop(policy, timing):
                     start_iteration[rid] = iteration
                     start_time[rid] = now
                     running[n_run + i] = rid
+                if policy == WAIT:
+                    ints[I_BY_ID_LEN] = insert_by_id(running_by_id, ints[I_BY_ID_LEN], start,
+                                                     n_start, scratch3)
                 n_run += n_start
                 ints[I_NRUN] = n_run
                 ints[I_LEFT] = 1
@@ -605,7 +646,13 @@ def _step_loop(policy, timing):
         now_box[0] = now
         return EXIT_DONE
 
-    return step_loop
+    # numba names a cached function's index file by its qualified name, which every loop
+    # made here shares, and updates the index by read, add, write: two processes compiling
+    # two loops at once (a sweep's workers, pytest -n 2, on a cold cache) could each lose
+    # the other's entry, or map it to the other's machine code, so that a later process
+    # loaded one policy's loop for another's. A name of its own gives each loop its index.
+    step_loop.__qualname__ = f"step_loop_policy{policy}_timing{timing}"
+    return njit(cache=True)(step_loop)
 
 
 @njit(cache=True)
