@@ -526,17 +526,20 @@ def wait_decide(params, floats, now, more_arrivals, type_id, arrival, generated,
 
 @njit(cache=True)
 def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, queue, head,
-                       tail, running, n_run, start, advance, scratch, scratch2, keep):
+                       tail, running, n_run, start, advance, scratch):
     """policies.nested_wait.NestedWait.decide. ``params``: the number of segments ``K``, the
-    ``K`` thresholds, then the ``K - 1`` inner stage boundaries; ``floats`` as for WAIT."""
+    ``K`` thresholds, then the ``K - 1`` inner stage boundaries; ``floats`` as for WAIT.
+    ``running[:n_run]`` must be in ascending id order, as for :func:`wait_decide`."""
     segments = params[0]
     per_stage = params[1:1 + segments]
     inner = params[1 + segments:]
     entry = np.zeros(segments, dtype=np.int64)
     entry[0] = tail - head
-    segment = np.empty(n_run, dtype=np.int64)
+    segment = scratch
+    top = 0
     for k in range(n_run):
         stage = generated[running[k]]
+        top = max(top, stage)
         p = search_left(inner, stage)
         at_entry = inner.size > 0 and inner[min(p, inner.size - 1)] == stage
         if at_entry:
@@ -559,38 +562,19 @@ def nested_wait_decide(params, floats, now, more_arrivals, arrival, generated, q
             open_segments = segments
     if open_segments == 0:
         return 0, 0, 0, 0, 0
-    n_active = np.int64(0)
-    for k in range(n_run):
-        if segment[k] < open_segments:
-            scratch[n_active] = running[k]
-            n_active += 1
-    order = stable_argsort(scratch, n_active)
-    active = np.empty(n_active, dtype=np.int64)
-    limits = scratch2
-    for k in range(n_active):
-        active[k] = scratch[order[k]]
-    # the segment of each active request, in id order
-    j = 0
-    for k in range(n_run):
-        if segment[k] < open_segments:
-            scratch[j] = segment[k]
-            j += 1
-    for k in range(n_active):
-        limits[k] = per_stage[scratch[order[k]]]
-    # The first per_stage[segment] at each stage, oldest first: a count per stage.
-    top = 0
-    for k in range(n_active):
-        top = max(top, generated[active[k]])
+    # The first per_stage[segment] at each stage of the open segments, oldest first: a
+    # count per stage, in one pass over the running set in id order.
     counted = np.zeros(top + 1, dtype=np.int64)
-    for k in range(n_active):
-        stage = generated[active[k]]
-        keep[k] = counted[stage] < limits[k]
-        counted[stage] += 1
     n_adv = 0
-    for k in range(n_active):
-        if keep[k]:
-            advance[n_adv] = active[k]
+    for k in range(n_run):
+        if segment[k] >= open_segments:
+            continue
+        rid = running[k]
+        stage = generated[rid]
+        if counted[stage] < per_stage[segment[k]]:
+            advance[n_adv] = rid
             n_adv += 1
+        counted[stage] += 1
     n_start = min(per_stage[0], tail - head)
     for k in range(n_start):
         start[k] = queue[head + k]

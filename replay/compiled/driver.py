@@ -425,17 +425,16 @@ def compiled_decision(policy, view: PolicyView) -> Batch:
         type_id = np.ascontiguousarray(view.type_id, dtype=np.int64)
         params, floats = _policy_params(policy, capacity, block, type_id)
         args = (params, floats, view.now, view.more_arrivals)
-        tail = (np.ascontiguousarray(view.arrival, dtype=np.float64),
-                np.ascontiguousarray(view.generated, dtype=np.int64), waiting, 0, waiting.size,
-                running, running.size, start, advance, scratch[0], scratch[1],
-                np.zeros(n, dtype=np.bool_))
+        # the running set in id order, as the step loop keeps it for these decisions
+        shared = (np.ascontiguousarray(view.arrival, dtype=np.float64),
+                  np.ascontiguousarray(view.generated, dtype=np.int64), waiting, 0,
+                  waiting.size, np.sort(running), running.size, start, advance, scratch[0])
         if kind == dec.WAIT:
-            by_id = np.sort(running)  # as the step loop keeps it
             n_start, n_adv, n_pre, _, error = dec.wait_decide(
-                *args, type_id, *tail[:5], by_id, *tail[6:],
+                *args, type_id, *shared, scratch[1], np.zeros(n, dtype=np.bool_),
                 _type_waiting(policy, params, type_id, waiting))
         else:
-            n_start, n_adv, n_pre, _, error = dec.nested_wait_decide(*args, *tail)
+            n_start, n_adv, n_pre, _, error = dec.nested_wait_decide(*args, *shared)
         if error:
             policy.decide(view)  # raises
     elif kind == dec.PROTECTION:

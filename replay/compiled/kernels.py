@@ -337,6 +337,8 @@ def _step_loop(policy, timing):
     preempts = policy in (VLLM, SARATHI)  # the decisions that preempt
     # Decisions that may promise UNTIL_CHANGE: only their loops stretch steady decodes.
     may_stretch = policy in (VLLM, SARATHI, FCFS, MCSF)
+    # Decisions that read the running set in id order: the loop keeps it so.
+    keeps_by_id = policy in (WAIT, NESTED_WAIT)
 
     def step_loop(config, policy_ints, policy_floats, overflow_beta, rng, timing_linear,
                   token_ms, decode_ms, prefill_ms, vidur_ints, out_of_range, arrival, prompt_len,
@@ -405,9 +407,7 @@ def _step_loop(policy, timing):
                 n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
                                             head, tail, start)
             elif policy == WAIT:
-                # the running set in id order, kept across steps (starts are merged in as
-                # they start): here those that finished or were evicted since leave it
-                if ints[I_BY_ID_LEN] != n_run:
+                if ints[I_BY_ID_LEN] != n_run:  # see NESTED_WAIT below
                     ints[I_BY_ID_LEN] = keep_by_id(running_by_id, ints[I_BY_ID_LEN], status)
                 if policy_ints[1]:  # every type in range: count who joined the queue since
                     for i in range(ints[I_JOINED]):
@@ -417,9 +417,13 @@ def _step_loop(policy, timing):
                     queue, head, tail, running_by_id, n_run, start, advance, scratch, scratch2,
                     is_prefill, type_waiting)
             else:  # NESTED_WAIT
+                # the running set in id order, kept across steps (starts are merged in as
+                # they start): here those that finished or were evicted since leave it
+                if ints[I_BY_ID_LEN] != n_run:
+                    ints[I_BY_ID_LEN] = keep_by_id(running_by_id, ints[I_BY_ID_LEN], status)
                 n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
                     policy_ints, policy_floats, now, released < n, arrival, generated, queue, head,
-                    tail, running, n_run, start, advance, scratch, scratch2, is_prefill)
+                    tail, running_by_id, n_run, start, advance, scratch)
             if policy != MCSF:
                 ints[I_JOINED] = 0
             # Whether the Python decision promises UNTIL_CHANGE (Batch.steady_steps): it then
@@ -567,7 +571,7 @@ def _step_loop(policy, timing):
                     start_iteration[rid] = iteration
                     start_time[rid] = now
                     running[n_run + i] = rid
-                if policy == WAIT:
+                if keeps_by_id:
                     ints[I_BY_ID_LEN] = insert_by_id(running_by_id, ints[I_BY_ID_LEN], start,
                                                      n_start, scratch3)
                 n_run += n_start
