@@ -157,6 +157,14 @@ def test_compiled_path_gives_the_python_paths_results_on_whole_configs(name):
 
 
 # ----------------------------------------------------- each kernel against its twin
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.integers(-2 ** 40, 2 ** 40) | st.integers(-40, 40),
+       block=st.sampled_from([1, 2, 16, 64, 2 ** 20]) | st.integers(1, 300))
+def test_blocks_is_the_python_ceiling_division(tokens, block):
+    # powers of two take a shift instead of a division: the same number either way
+    assert dec.blocks(np.int64(tokens), np.int64(block)) == -(-tokens // block)
+
+
 def test_pairwise_sum_is_numpys_sum():
     rng = np.random.default_rng(3)
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 4097]:
