@@ -79,7 +79,7 @@ N_CONFIG = 11
 (L_BATCH, L_STARTED, L_PREFILL, L_DECODE, L_PEAK, L_AFTER, L_COMPLETED, L_EVICTED) = range(8)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def queue_append(queue, ints, ids, k):
     """Queue ``ids[:k]`` behind everything waiting (moving the queue to the buffer's front
     when the tail would pass its end; the buffer holds every request)."""
@@ -94,7 +94,7 @@ def queue_append(queue, ints, ids, k):
     ints[I_QHEAD], ints[I_QTAIL] = head, tail + k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def release_arrivals(arrival, now, status, queue_key, queue, ints, n, scratch, joined):
     """Engine.run's arrivals: every request that arrived by ``now`` joins the queue."""
     released = ints[I_RELEASED]
@@ -118,7 +118,7 @@ def release_arrivals(arrival, now, status, queue_key, queue, ints, n, scratch, j
     ints[I_RELEASED] = upto
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def keep_running(running, status, ints):
     """Drop from the running list, in place and in order, the requests no longer running."""
     n_run = 0
@@ -206,7 +206,7 @@ def evict(victims, nv, config, ints, status, prompt_len, prefill_len, prefilled,
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def complete(finished, nf, end, config, ints, status, held, completion_time, running):
     """Engine._complete: record ``finished[:nf]`` as completed at ``end`` and free their KV."""
     block = config[C_BLOCK]
@@ -231,7 +231,7 @@ def fold_gaps(values, k, hist_counts, hist_floats, ints):
     hist_floats[H_MAX] = max(hist_floats[H_MAX], largest)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def add_gaps(gaps, k, hist_buffer, hist_counts, hist_floats, ints):
     """LogHistogram.add of ``gaps[:k]``: buffered, and folded where it folds."""
     if k == 0:
@@ -481,50 +481,69 @@ def _step_loop(policy, timing):
             gain_total = 0
             n_prefill = 0
             new_blocks = 0
+            context_sum = 0
+            context_max = 0
             for i in range(m):
                 rid = members[i]
-                remaining = prefill_len[rid] - prefilled[rid]
-                c = remaining
+                c = prefill_len[rid] - prefilled[rid]
                 if chunk_of[rid] > 0:
                     c = chunk_of[rid]
                 chunk[i] = c
                 prefill_total += c
-                context[i] = held[rid]
+                h = held[rid]
+                context[i] = h
+                context_sum += h
+                context_max = max(context_max, h)
             for i in range(n_chunks):
                 chunk_of[chunk_ids[i]] = 0
             decode_only = prefill_total == 0
-            for i in range(m):
-                rid = members[i]
-                if decode_only:
-                    g = 1
-                    is_prefill[i] = False
-                    new_tokens[i] = 1
-                else:
-                    remaining = prefill_len[rid] - prefilled[rid]
-                    is_prefill[i] = remaining > 0
-                    if remaining > 0:
-                        n_prefill += 1
-                    g = chunk[i] + (1 if chunk[i] == remaining else 0)
-                    new_tokens[i] = max(chunk[i], 1)
-                gain[i] = g
-                gain_total += g
+            duration = np.nan
+            if decode_only:
+                # Every member decodes one token (a gain of 1), and the batch is priced from
+                # its context sum and maximum, as a steady stretch prices it: the same
+                # operations as the backend's, without the per-member shape arrays.
+                gain_total = m
                 if block > 1:
-                    new_blocks += blocks(context[i] + g, block) - blocks(context[i], block)
+                    for i in range(m):
+                        new_blocks += blocks(context[i] + 1, block) - blocks(context[i], block)
+                duration = decode_price(timing, m, context_sum, context_max, timing_linear,
+                                        token_ms, decode_ms, vidur_ints)
+            if np.isnan(duration):  # a prefill, or decodes beyond Vidur's profile
+                gain_total = 0
+                new_blocks = 0
+                for i in range(m):
+                    rid = members[i]
+                    if decode_only:
+                        g = 1
+                        is_prefill[i] = False
+                        new_tokens[i] = 1
+                    else:
+                        remaining = prefill_len[rid] - prefilled[rid]
+                        is_prefill[i] = remaining > 0
+                        if remaining > 0:
+                            n_prefill += 1
+                        g = chunk[i] + (1 if chunk[i] == remaining else 0)
+                        new_tokens[i] = max(chunk[i], 1)
+                    gain[i] = g
+                    gain_total += g
+                    if block > 1:
+                        new_blocks += blocks(context[i] + g, block) - blocks(context[i], block)
+                if timing == LINEAR:
+                    duration = linear_duration(new_tokens, context, is_prefill, m,
+                                               timing_linear[0], timing_linear[1],
+                                               timing_linear[2], timing_linear[4],
+                                               timing_linear[5])
+                elif timing == VIDUR:
+                    duration = vidur_duration(new_tokens, context, m, token_ms, decode_ms,
+                                              prefill_ms, timing_linear[3], vidur_ints,
+                                              out_of_range, float_scratch)
+                else:
+                    duration = 1.0
+                if np.isnan(duration):
+                    ints[I_M] = m
+                    now_box[0] = now
+                    return EXIT_PRICE_ERROR
             n_decode = m - n_prefill
-            if timing == LINEAR:
-                duration = linear_duration(new_tokens, context, is_prefill, m, timing_linear[0],
-                                           timing_linear[1], timing_linear[2], timing_linear[4],
-                                           timing_linear[5])
-            elif timing == VIDUR:
-                duration = vidur_duration(new_tokens, context, m, token_ms, decode_ms,
-                                          prefill_ms, timing_linear[3], vidur_ints, out_of_range,
-                                          float_scratch)
-            else:
-                duration = 1.0
-            if np.isnan(duration):
-                ints[I_M] = m
-                now_box[0] = now
-                return EXIT_PRICE_ERROR
             kv_peak = ints[I_KV_HELD] + gain_total  # after the decision's preemptions
             if block > 1:
                 kv_peak = (ints[I_BLOCKS_HELD] + new_blocks) * block
@@ -537,8 +556,8 @@ def _step_loop(policy, timing):
                 n_holders = n_run + n_start
                 for i in range(n_run):
                     scratch2[running[i]] = 0
-                for i in range(m):
-                    scratch2[members[i]] = gain[i]
+                for i in range(m):  # (a decode batch priced whole left gain unset: all 1)
+                    scratch2[members[i]] = 1 if decode_only else gain[i]
                 for i in range(n_run):
                     rid = running[i]
                     scratch[i] = rid
@@ -659,7 +678,7 @@ def _step_loop(policy, timing):
     return njit(cache=True)(step_loop)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def decode_price(kind, m, context_sum, context_max, linear, token_ms, decode_ms, vidur_ints):
     """pricing.price of ``m`` decodes whose contexts sum to ``context_sum`` (largest
     ``context_max``), in O(1): the same operations; NaN where Vidur leaves its profile."""
