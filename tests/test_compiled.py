@@ -165,6 +165,26 @@ def test_blocks_is_the_python_ceiling_division(tokens, block):
     assert dec.blocks(np.int64(tokens), np.int64(block)) == -(-tokens // block)
 
 
+@settings(max_examples=200, deadline=None)
+@given(ids=st.sets(st.integers(0, 60), max_size=40), data=st.data())
+def test_the_running_set_kept_in_id_order(ids, data):
+    # insert_by_id merges starts in; keep_by_id drops who left: always sorted(running)
+    ids = list(ids)
+    split = data.draw(st.integers(0, len(ids)))
+    kept, started = ids[:split], ids[split:]
+    by_id = np.zeros(64, dtype=np.int64)
+    by_id[:len(kept)] = sorted(kept)
+    scratch = np.zeros(64, dtype=np.int64)
+    length = kernels.insert_by_id(by_id, len(kept), np.array(started + [0], dtype=np.int64),
+                                  len(started), scratch)
+    assert by_id[:length].tolist() == sorted(ids)
+    status = np.full(64, kernels.DONE, dtype=np.int8)
+    still = data.draw(st.sets(st.sampled_from(ids))) if ids else set()
+    status[list(still)] = kernels.RUNNING
+    length = kernels.keep_by_id(by_id, length, status)
+    assert by_id[:length].tolist() == sorted(still)
+
+
 def test_pairwise_sum_is_numpys_sum():
     rng = np.random.default_rng(3)
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 4097]:
