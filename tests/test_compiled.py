@@ -452,6 +452,36 @@ def test_every_step_loop_has_a_cache_index_of_its_own():
     assert len(indexes) == len(kernels.STEP_LOOPS)
 
 
+def test_a_cache_folder_that_cannot_be_made_compiles_without_the_lock(monkeypatch, tmp_path):
+    # numba then caches elsewhere or not at all; the run must not fail on the lock
+    from replay.compiled import driver
+
+    compiled = []
+
+    class Loop:
+        signatures = []
+
+        def compile(self, signature):
+            compiled.append(signature)
+
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("")
+    monkeypatch.setattr(driver, "_CACHE_DIR", in_the_way / "numba")
+    monkeypatch.setattr(driver, "_step_loop_of", lambda engine: Loop())
+    requests = Requests(np.array([2, 3]), np.array([2, 2]), arrival=np.zeros(2))
+    driver._compile(Engine(requests, FCFSLookahead(EvictLIFO()), UnitTiming(), explicit(64)))
+    assert len(compiled) == 1
+
+
+def test_a_token_gap_that_is_not_a_number_is_refused():
+    from replay.engine.histogram import LogHistogram
+
+    for bad in (np.nan, -1.0):
+        h = LogHistogram(buffer_size=4)
+        with pytest.raises(ValueError):
+            h.add(np.array([0.5, bad, 0.5, 0.5, 0.5]))  # more than the buffer: folds now
+
+
 ONE_LOOP_EACH = [("vllm", "vidur"), ("sarathi", "vidur"), ("fcfs", "vidur"), ("mcsf", "vidur"),
                  ("protection", "unit"), ("wait", "linear"), ("nested_wait", "linear")]
 

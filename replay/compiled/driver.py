@@ -61,6 +61,9 @@ TIMINGS = {UnitTiming: pricing.UNIT, LinearTiming: pricing.LINEAR, VidurTiming: 
 _STATUS = {k.STATUS_COMPLETED: "completed", k.STATUS_LIVELOCK: "livelock",
            k.STATUS_STALLED: "stalled", k.STATUS_STEP_LIMIT: "step_limit"}
 _INITIAL_LOG_ROWS = 1 << 14
+#: The disk cache folder of the compiled functions, as it was when numba decorated them
+#: (the sources it is keyed by may change on disk while a process runs).
+_CACHE_DIR = Path(numba_cache_dir())
 
 
 @dataclass
@@ -337,10 +340,19 @@ def _compile(engine: Engine) -> float:
     # One process at a time compiles into (or loads from) the disk cache: numba updates a
     # function's cache index by read, add, write, so two processes saving different
     # signatures of one callee at once could lose an entry or map it to the other's code.
-    cache = Path(numba_cache_dir())
-    cache.mkdir(parents=True, exist_ok=True)
-    with fasteners.InterProcessLock(str(cache / ".compile.lock")):
+    # Where numba cannot write that folder it caches elsewhere or not at all; the lock is
+    # then skipped.
+    try:
+        _CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        lock = fasteners.InterProcessLock(str(_CACHE_DIR / ".compile.lock"))
+        lock.acquire()
+    except OSError:
+        lock = None
+    try:
         step_loop.compile(signature)
+    finally:
+        if lock is not None:
+            lock.release()
     return time.perf_counter() - started
 
 
@@ -367,9 +379,11 @@ def run_compiled(engine: Engine) -> CompiledRunResult:
         if code == k.EXIT_LOG_FULL:
             run.grow_log()
         elif code == k.EXIT_ASK_POLICY:
+            run.finish_token_gaps()
             engine.policy.decide(run.view())  # raises what the Python path raises
             raise RuntimeError("compiled decision deferred to the policy, which did not raise")
         elif code == k.EXIT_PRICE_ERROR:
+            run.finish_token_gaps()
             m = int(run.ints[k.I_M])
             engine.timing.duration(BatchShape(run.new_tokens[:m].copy(), run.context[:m].copy(),
                                               run.is_prefill[:m].copy()))

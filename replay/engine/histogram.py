@@ -37,6 +37,8 @@ def _fold_values(values, k, counts, log_lo, log_ratio):
     for i in range(k):
         value = values[i]
         if value != previous:
+            if not value >= 0.0:  # NaN or negative: no bin (numpy's bincount refuses it too)
+                raise ValueError("a token gap that is not a number >= 0")
             position = np.floor((np.log(value) - log_lo) / log_ratio)
             index = 0 if position < 0 else (top if position > top else np.int64(position))
             previous = value
