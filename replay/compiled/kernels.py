@@ -374,6 +374,10 @@ def _step_loop(policy, timing):
                 break
 
             # -- the policy's decision
+            if keeps_by_id and ints[I_BY_ID_LEN] != n_run:
+                # the running set in id order is kept across steps (starts are merged in as
+                # they start): here those that finished or were evicted since leave it
+                ints[I_BY_ID_LEN] = keep_by_id(running_by_id, ints[I_BY_ID_LEN], status)
             kv_held = ints[I_KV_HELD]
             n_chunks = 0
             n_pre = 0
@@ -407,8 +411,6 @@ def _step_loop(policy, timing):
                 n_start = protection_decide(policy_floats[0], capacity, kv_held, prompt_len, queue,
                                             head, tail, start)
             elif policy == WAIT:
-                if ints[I_BY_ID_LEN] != n_run:  # see NESTED_WAIT below
-                    ints[I_BY_ID_LEN] = keep_by_id(running_by_id, ints[I_BY_ID_LEN], status)
                 if policy_ints[1]:  # every type in range: count who joined the queue since
                     for i in range(ints[I_JOINED]):
                         type_waiting[type_id[joined[i]]] += 1
@@ -417,10 +419,6 @@ def _step_loop(policy, timing):
                     queue, head, tail, running_by_id, n_run, start, advance, scratch, scratch2,
                     is_prefill, type_waiting)
             else:  # NESTED_WAIT
-                # the running set in id order, kept across steps (starts are merged in as
-                # they start): here those that finished or were evicted since leave it
-                if ints[I_BY_ID_LEN] != n_run:
-                    ints[I_BY_ID_LEN] = keep_by_id(running_by_id, ints[I_BY_ID_LEN], status)
                 n_start, n_adv, n_pre, n_chunks, error = nested_wait_decide(
                     policy_ints, policy_floats, now, released < n, arrival, generated, queue, head,
                     tail, running_by_id, n_run, start, advance, scratch)
