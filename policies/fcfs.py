@@ -1,21 +1,33 @@
-"""FCFS with lookahead (the papers' "MC-Benchmark"; POLICIES.md §1)."""
+"""FCFS with lookahead (the papers' "MC-Benchmark"; docs/policies/lookahead.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from policies.common.lookahead import PeakHint, start_admissible
-from replay.engine.policy import Batch, OverflowRule, PolicyView
+from policies.common.lookahead import start_admissible
+from replay.engine.jit import jit
+from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.rules import CompiledPolicy
+from replay.engine.state import new_rule_state
+
+
+@jit
+def fcfs_decide(s, rule):
+    """Running requests continue; waiting requests start in queue order (arrival order,
+    ties by workload position) while the lookahead check passes, stopping at the first that
+    fails (no skipping)."""
+    return start_admissible(s, rule, s.queue[s.qhead:s.qtail], s.qtail - s.qhead)
 
 
 @dataclass
-class FCFSLookahead:
-    """Running requests always continue; admit waiting requests in arrival order
-    (ties by workload position) while the lookahead check passes, stopping at the
-    first that fails (no skipping)."""
+class FCFSLookahead(CompiledPolicy):
+    """Running requests always continue; admit waiting requests in arrival order (ties by
+    workload position) while the lookahead check passes, stopping at the first that fails
+    (no skipping). Its record keeps the lookahead's hint (``ints[0]``)."""
 
     overflow: OverflowRule
-    hint: PeakHint = field(default_factory=PeakHint, init=False, repr=False)
 
-    def decide(self, view: PolicyView) -> Batch:
-        return start_admissible(view, view.waiting, self.hint)  # the queue is in arrival order
+    decision = fcfs_decide
+
+    def rule_state(self, setup: RunSetup):
+        return new_rule_state(ints=[-1])

@@ -1,32 +1,103 @@
-"""MC-SF, memory-constrained shortest first (POLICIES.md §2)."""
+"""MC-SF, memory-constrained shortest first (docs/policies/lookahead.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from policies.common.lookahead import PeakHint, start_admissible
-from policies.common.ordering import KeptOrder
-from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+import numpy as np
+
+from policies.common.lookahead import start_admissible
+from replay.engine.jit import jit
+from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.rules import CompiledPolicy
+from replay.engine.sorting import sorted_copy
+from replay.engine.state import WAITING, new_rule_state
+
+#: The rule's record: ``ints`` = [lookahead hint, length of the kept order]; ``ids[:length]``
+#: the waiting queue in ascending (estimate, id); ``marks[id]``: ``id`` is in it.
+HINT, LENGTH = 0, 1
+#: Combined keys ``estimate * n + id`` must stay below this (int64, with headroom).
+KEY_LIMIT = 2 ** 62
+
+
+@jit
+def keep_order(s, rule):
+    """The waiting queue in ascending (estimate, id), kept across steps: drop who started
+    since the last decision, merge in who joined (arrived or was evicted), so a step costs
+    work in the changes, not a sort of the whole queue. Returns its length."""
+    order, member, n = rule.ids, rule.marks, s.n
+    status, estimate = s.status, s.estimate
+    length = rule.ints[LENGTH]
+    if s.n_started:
+        kept = 0
+        for i in range(length):
+            rid = order[i]
+            if status[rid] == WAITING:
+                order[kept] = rid
+                kept += 1
+            else:
+                member[rid] = False
+        length = kept
+    keys, merged = s.scratch, s.scratch2
+    n_joined = np.int64(0)
+    joined = s.joined
+    for i in range(s.n_joined):
+        rid = joined[i]
+        if status[rid] == WAITING and not member[rid]:
+            member[rid] = True
+            keys[n_joined] = estimate[rid] * n + rid
+            n_joined += 1
+    if n_joined:
+        new_keys = sorted_copy(keys, n_joined)
+        for i in range(length):
+            merged[i] = order[i]
+        a = 0
+        b = 0
+        out = 0
+        while a < length or b < n_joined:
+            if b >= n_joined or (a < length and estimate[merged[a]] * n + merged[a]
+                                 < new_keys[b]):
+                order[out] = merged[a]
+                a += 1
+            else:
+                order[out] = new_keys[b] % n
+                b += 1
+            out += 1
+        length += n_joined
+    rule.ints[LENGTH] = length
+    return length
+
+
+@jit
+def mcsf_decide(s, rule):
+    """FCFS's lookahead admission, walking the waiting queue in ascending predicted output
+    length (ties: earlier arrival, then id) and stopping at the first request that fails."""
+    if s.qtail == s.qhead:  # nothing waits: the kept order empties
+        for i in range(rule.ints[LENGTH]):
+            rule.marks[rule.ids[i]] = False
+        rule.ints[LENGTH] = 0
+        return start_admissible(s, rule, rule.ids, 0)
+    return start_admissible(s, rule, rule.ids, keep_order(s, rule))
 
 
 @dataclass
-class MCSF:
-    """FCFS with lookahead, but the waiting queue is walked in ascending predicted
-    output length (ties: earlier arrival, then id; engine ids already encode that
-    order). Stops at the first request that fails the lookahead check.
+class MCSF(CompiledPolicy):
+    """FCFS with lookahead, but the waiting queue is walked in ascending predicted output
+    length (ties: earlier arrival, then id; engine ids already encode that order). Stops at
+    the first request that fails the lookahead check.
 
-    Cost per decision: keeping the order across steps (:class:`policies.common.ordering.KeptOrder`:
-    nothing while the queue is unchanged, else ``O(waiting)`` vectorised work, no sort
-    of the whole queue) plus ``O(log k)`` vectorised checks, independent of the trace
+    Cost per decision: keeping the order across steps (:func:`keep_order`: nothing while
+    the queue is unchanged) plus ``O(log k)`` lookahead checks, independent of the trace
     length.
     """
 
     overflow: OverflowRule
-    kept: KeptOrder = field(default_factory=KeptOrder, init=False, repr=False)
-    hint: PeakHint = field(default_factory=PeakHint, init=False, repr=False)
 
-    def decide(self, view: PolicyView) -> Batch:
-        if view.waiting.size == 0:  # start_admissible says the same, but skip the ordering
-            return Batch(steady_steps=UNTIL_CHANGE)
-        return start_admissible(view, self.kept.ordered(view.waiting, view.predicted_output),
-                                self.hint)
+    decision = mcsf_decide
+
+    def rule_state(self, setup: RunSetup):
+        if int(setup.estimate.max(initial=0)) >= KEY_LIMIT // max(setup.n, 1):
+            raise ValueError("MC-SF: predicted outputs too large to order by (estimate, id) "
+                             "in int64")
+        return new_rule_state(ints=[-1, 0], ids=np.zeros(setup.n, dtype=np.int64),
+                              marks=np.zeros(setup.n, dtype=np.bool_))

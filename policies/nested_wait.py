@@ -27,15 +27,88 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.common.staging import first_per_group
-from replay.engine.policy import Batch, OverflowRule, PolicyView
+from policies.common.staging import running_by_id
+from replay.engine.jit import jit
+from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.rules import CompiledPolicy
+from replay.engine.sorting import search_left
+from replay.engine.state import new_rule_state
 from replay.errors import ConfigError
 from replay.fluid.model import TypeMix, condition_12, scale_thresholds, segment_edges, segment_tails
 from replay.params import RequestType, check
 
+#: The rule's record: ``ints`` = [length of the kept running set, segments ``K``, the ``K``
+#: thresholds, the ``K - 1`` inner stage boundaries]; ``floats`` = [whether there is a
+#: max_wait, max_wait]; ``ids``: the running set in id order.
+BY_ID, SEGMENTS, THRESHOLDS = 0, 1, 2
+
+
+@jit
+def nested_wait_decide(s, rule):
+    """Form the batch from segments ``1..k`` for the largest ``k`` whose entry queues all reach
+    their thresholds, taking the ``n_i`` oldest at every stage of segment ``i`` (see the
+    module docstring)."""
+    params = rule.ints
+    segments = params[SEGMENTS]
+    per_stage = params[THRESHOLDS:THRESHOLDS + segments]
+    inner = params[THRESHOLDS + segments:]
+    running = rule.ids
+    n_run = running_by_id(s, running, params[BY_ID])
+    params[BY_ID] = n_run
+    generated, queue, head, tail = s.generated, s.queue, s.qhead, s.qtail
+    entry = np.zeros(segments, dtype=np.int64)
+    entry[0] = tail - head
+    segment = s.scratch
+    top = 0
+    for k in range(n_run):
+        stage = generated[running[k]]
+        top = max(top, stage)
+        p = search_left(inner, stage)
+        at_entry = inner.size > 0 and inner[min(p, inner.size - 1)] == stage
+        if at_entry:
+            entry[1 + p] += 1
+        segment[k] = p + (1 if at_entry else 0)
+    open_segments = segments
+    for i in range(segments):
+        if entry[i] < per_stage[i]:
+            open_segments = i
+            break
+    if s.next_arrival == np.inf:  # drain rule: no arrival is left, every segment opens
+        open_segments = segments
+    elif rule.floats[0] != 0.0:
+        cutoff = s.now - rule.floats[1]
+        late = tail > head and s.arrival[queue[head]] < cutoff
+        for k in range(n_run):
+            if s.arrival[running[k]] < cutoff:
+                late = True
+        if late:
+            open_segments = segments
+    s.n_advance = 0
+    if open_segments == 0:
+        return 0
+    # The first per_stage[segment] at each stage of the open segments, oldest first: a count
+    # per stage, in one pass over the running set in id order.
+    counted = np.zeros(top + 1, dtype=np.int64)
+    n_advance = 0
+    for k in range(n_run):
+        if segment[k] >= open_segments:
+            continue
+        rid = running[k]
+        stage = generated[rid]
+        if counted[stage] < per_stage[segment[k]]:
+            s.advance[n_advance] = rid
+            n_advance += 1
+        counted[stage] += 1
+    s.n_advance = n_advance
+    n_start = min(per_stage[0], tail - head)
+    for k in range(n_start):
+        s.start[k] = queue[head + k]
+    s.n_start = n_start
+    return 0
+
 
 @dataclass
-class NestedWait:
+class NestedWait(CompiledPolicy):
     overflow: OverflowRule
     boundaries: Sequence[int] | None = field(default=None, metadata=check(ge=1))
     segment_width: int | None = field(default=None, metadata=check(ge=1))
@@ -47,6 +120,8 @@ class NestedWait:
     epsilon: float = field(default=0.0, metadata=check(ge=0))
     n: Sequence[int] | None = field(default=None, metadata=check(ge=1))
     max_wait: float | None = field(default=None, metadata=check(gt=0))
+
+    decision = nested_wait_decide
 
     def __post_init__(self) -> None:
         if self.boundaries is None:
@@ -91,28 +166,9 @@ class NestedWait:
             info["condition_12"] = condition_12(self.per_stage, self.tails)
         return info
 
-    def decide(self, view: PolicyView) -> Batch:
-        waiting, running = view.waiting, view.running
-        stage = view.generated[running]
-        inner = self.edges[1:-1]
-        entry = np.empty(self.per_stage.size, dtype=np.int64)
-        entry[0] = waiting.size
-        position = np.searchsorted(inner, stage)
-        at_entry = inner[np.minimum(position, inner.size - 1)] == stage if inner.size else stage < 0
-        entry[1:] = np.bincount(position[at_entry], minlength=inner.size)
-        meets = entry >= self.per_stage
-        open_segments = int(np.argmin(meets)) if not meets.all() else meets.size
-        if not view.more_arrivals or (
-                self.max_wait is not None and (
-                    (waiting.size and view.arrival[waiting[0]] < view.now - self.max_wait)
-                    or (running.size and view.arrival[running].min() < view.now
-                        - self.max_wait))):
-            open_segments = meets.size
-        if open_segments == 0:
-            return Batch(advance=running[:0])
-        segment = position + at_entry  # b_{i-1} <= stage < b_i
-        active = running[segment < open_segments]
-        by_age = np.argsort(active)  # ids are arrival order: oldest first
-        active, active_segment = active[by_age], segment[segment < open_segments][by_age]
-        keep = first_per_group(view.generated[active], self.per_stage[active_segment])
-        return Batch(start=waiting[: self.per_stage[0]], advance=active[keep])
+    def rule_state(self, setup: RunSetup):
+        inner = np.asarray(self.edges[1:-1], dtype=np.int64)
+        return new_rule_state(
+            ints=np.concatenate(([0, self.per_stage.size], self.per_stage, inner)),
+            floats=[1.0, self.max_wait] if self.max_wait is not None else [0.0, 0.0],
+            ids=np.zeros(setup.n, dtype=np.int64))

@@ -34,40 +34,77 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from replay.engine.jit import jit
 from replay.engine.paging import blocks
-from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+from replay.engine.policy import OverflowRule
+from replay.engine.rules import CompiledPolicy
+from replay.engine.sorting import stable_argsort
+
+
+@jit
+def paper_fcfs_decide(s, rule):
+    """Admit greedily against the KV the running set holds now; if the next iteration would
+    then exceed ``M``, preempt the latest-started running requests until it fits."""
+    block = s.block
+    capacity = s.capacity // block
+    running, n_run, queue = s.running, s.n_run, s.queue
+    held, prefill_len, prefilled = s.held, s.prefill_len, s.prefilled
+    free = capacity
+    for k in range(n_run):
+        free -= blocks(held[running[k]], block)
+    # Admission: greedy against what the running set holds now (alpha = 0).
+    admitted = 0
+    n_start = 0
+    for q in range(s.qhead, s.qtail):
+        need = admitted + blocks(prefill_len[queue[q]] + 1, block)
+        if need > free:
+            break
+        admitted = need
+        s.start[n_start] = queue[q]
+        n_start += 1
+    s.n_start = n_start
+    # The next iteration: every running request processes what remains of its prompt
+    # (nothing, once prefilled) and emits one token.
+    after, latest = s.scratch, s.scratch2
+    excess = admitted - capacity
+    for k in range(n_run):
+        rid = running[k]
+        after[k] = blocks(held[rid] + prefill_len[rid] - prefilled[rid] + 1, block)
+        excess += after[k]
+        latest[k] = s.start_iteration[rid]
+    if excess <= 0:
+        if n_start == 0:
+            # Nothing fits and nothing is evicted: until an arrival or a completion the queue
+            # head stays out (the free KV only shrinks) and the running set grows by one slot
+            # each, which the engine's KV stop bounds.
+            s.steady = 2 ** 62
+        return 0
+    # LIFO: the latest started first (ties: the later admitted of the same step).
+    order = stable_argsort(latest, n_run)
+    evicted = s.scratch3
+    for k in range(n_run):
+        evicted[k] = 0
+    freed = 0
+    for k in range(n_run - 1, -1, -1):
+        freed += after[order[k]]
+        evicted[order[k]] = 1
+        if freed >= excess:
+            break
+    n_advance = 0
+    n_preempt = 0
+    for k in range(n_run):
+        if evicted[k]:
+            s.preempt[n_preempt] = running[k]
+            n_preempt += 1
+        else:
+            s.advance[n_advance] = running[k]
+            n_advance += 1
+    s.n_advance, s.n_preempt = n_advance, n_preempt
+    return 0
 
 
 @dataclass
-class PaperFCFS:
+class PaperFCFS(CompiledPolicy):
     overflow: OverflowRule
 
-    def decide(self, view: PolicyView) -> Batch:
-        block, running, waiting = view.kv_block_size, view.running, view.waiting
-        capacity = view.kv_capacity // block
-        # Admission: greedy against what the running set holds now (alpha = 0).
-        free = capacity - int(blocks(view.held[running], block).sum())
-        need = np.cumsum(blocks(view.prefill_len[waiting] + 1, block))
-        start = waiting[: int(np.searchsorted(need, free, side="right"))]
-        admitted = int(need[start.size - 1]) if start.size else 0
-        # The next iteration: every running request processes what remains of its
-        # prompt (nothing, once prefilled) and emits one token.
-        gain = view.prefill_len[running] - view.prefilled[running] + 1
-        after = blocks(view.held[running] + gain, block)
-        excess = int(after.sum()) + admitted - capacity
-        if excess <= 0:
-            if start.size:
-                return Batch(start=start)
-            # Nothing fits and nothing is evicted: until an arrival or a completion the
-            # queue head stays out (the free KV only shrinks) and the running set grows
-            # by one slot each, which the engine's KV stop bounds.
-            return Batch(steady_steps=UNTIL_CHANGE)
-        # LIFO: the latest started first (ties: the later admitted of the same step).
-        latest_first = np.argsort(view.start_iteration[running], kind="stable")[::-1]
-        freed = np.cumsum(after[latest_first])
-        evict = latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]
-        keep = np.ones(running.size, dtype=bool)
-        keep[evict] = False
-        return Batch(start=start, advance=running[keep], preempt=running[~keep])
+    decision = paper_fcfs_decide

@@ -33,18 +33,152 @@ from typing import Literal
 import numpy as np
 
 from policies.common.serving import check_serving_limits, preempt_latest_until_fit
-from replay.engine.paging import BlockGrowth, blocks
-from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+from replay.engine.jit import jit
+from replay.engine.paging import blocks
+from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.rules import CompiledPolicy
+from replay.engine.state import new_rule_state
 from replay.params import check
 
-_EMPTY = np.zeros(0, dtype=np.int64)
-#: How far ahead a decision with reserved prompt chunks is checked for repeating (a longer
-#: promise saves little: a decision every 256 steps is cheap).
-_STEADY_HORIZON = 256
+#: The rule's record: ``ints`` = [chunk_size, max_num_seqs, watermark in blocks,
+#: reserve_prompt].
+CHUNK, MAX_SEQS, WATERMARK, RESERVE = 0, 1, 2, 3
+
+
+@jit(inline="always")
+def _chunk_within(s, rid, room_blocks, limited, budget):
+    """The largest chunk of ``rid``'s remaining prefill within ``budget`` and, if ``limited``,
+    ``room_blocks`` free blocks (plus the slack in its last block); a last chunk also writes
+    the first token, so it needs one slot more."""
+    remaining = s.prefill_len[rid] - s.prefilled[rid]
+    chunk = min(remaining, budget)
+    if limited:
+        held = s.held[rid]
+        room = room_blocks * s.block + (-held) % s.block
+        chunk = min(chunk, room)
+        if chunk == remaining and chunk + 1 > room:
+            chunk = room - 1
+    return max(chunk, 0)
+
+
+@jit(inline="always")
+def _take(s, rid, chunk, budget, free, reserve):
+    """Give ``rid`` its chunk: the budget and free blocks left."""
+    s.chunk_of[rid] = chunk
+    s.chunk_ids[s.n_chunks] = rid
+    s.n_chunks += 1
+    budget -= chunk
+    emits = 1 if chunk == s.prefill_len[rid] - s.prefilled[rid] else 0
+    if not reserve:
+        held = s.held[rid]
+        free -= blocks(held + chunk + emits, s.block) - blocks(held, s.block)
+    return budget, free
+
+
+@jit
+def _continue_prefill(s, rid, budget, free, reserve):
+    """A running prefill takes the chunk that budget and KV allow, if any."""
+    chunk = _chunk_within(s, rid, free, not reserve, budget)
+    if chunk > 0:
+        budget, free = _take(s, rid, chunk, budget, free, reserve)
+    return budget, free
+
+
+@jit
+def sarathi_decide(s, rule):
+    """Decodes first, then prompt chunks within the token budget: running prefills (oldest
+    first), then waiting requests in queue order (see the module docstring)."""
+    params, block = rule.ints, s.block
+    reserve = params[RESERVE] != 0
+    capacity = s.capacity // block
+    running, n_run = s.running, s.n_run
+    prefill_len, prefilled, held = s.prefill_len, s.prefilled, s.held
+    occupied = s.scratch
+    # Blocks each running request occupies after this iteration before any new chunk:
+    # decodes grow by one token; prefills keep (or have reserved) their blocks.
+    for k in range(n_run):
+        rid = running[k]
+        remaining = prefill_len[rid] - prefilled[rid]
+        if reserve:
+            slots = held[rid] + 1 if remaining == 0 else prefill_len[rid] + 1
+        else:
+            slots = held[rid] + (1 if remaining == 0 else 0)
+        occupied[k] = blocks(slots, block)
+    cut = preempt_latest_until_fit(running, occupied, n_run, capacity)
+    # kept decodes go to advance[:n_decode]; kept prefills (in order) to prefilling
+    advance, prefilling = s.advance, s.scratch2
+    n_decode = 0
+    n_prefilling = 0
+    n_preempt = 0
+    n_kept = 0
+    used = 0
+    for k in range(n_run):
+        rid = running[k]
+        if cut >= 0 and rid >= cut:
+            s.preempt[n_preempt] = rid
+            n_preempt += 1
+            continue
+        n_kept += 1
+        used += occupied[k]
+        if prefill_len[rid] - prefilled[rid] == 0:
+            advance[n_decode] = rid
+            n_decode += 1
+        else:
+            prefilling[n_prefilling] = rid
+            n_prefilling += 1
+    free = capacity - used
+    budget = params[CHUNK] - n_decode
+    for i in range(n_prefilling):
+        budget, free = _continue_prefill(s, prefilling[i], budget, free, reserve)
+    while s.n_chunks == 0 and n_decode == 0 and n_prefilling > 1:
+        # Part-way prefills starve each other of KV: free the latest for the oldest.
+        n_prefilling -= 1
+        victim = prefilling[n_prefilling]
+        s.preempt[n_preempt] = victim
+        n_preempt += 1
+        free += blocks(held[victim], block)
+        budget, free = _continue_prefill(s, prefilling[0], budget, free, reserve)
+    watermark = params[WATERMARK]
+    seats = params[MAX_SEQS] - n_kept
+    queue = s.queue
+    n_start = 0
+    for q in range(s.qhead, s.qtail):
+        rid = queue[q]
+        if seats <= 0:
+            break
+        floor = 0 if n_kept + n_start == 0 else watermark
+        if reserve:
+            needed = blocks(prefill_len[rid] + 1, block)
+            if free - needed < floor:
+                break
+            chunk = _chunk_within(s, rid, 0, False, budget)
+            if chunk > 0:
+                free -= needed
+        else:
+            chunk = _chunk_within(s, rid, free - floor, True, budget)
+        if chunk <= 0:
+            break
+        budget, free = _take(s, rid, chunk, budget, free, reserve)
+        s.start[n_start] = rid
+        n_start += 1
+        seats -= 1
+    # advance: the decodes, then the prefills that got a chunk, in running order
+    n_advance = n_decode
+    for i in range(n_prefilling):
+        rid = prefilling[i]
+        if s.chunk_of[rid] > 0:
+            advance[n_advance] = rid
+            n_advance += 1
+    s.n_start, s.n_advance, s.n_preempt = n_start, n_advance, n_preempt
+    if n_start == 0 and n_preempt == 0 and s.n_chunks == 0 and n_advance == n_run:
+        # Every running request decodes and nothing starts: the free blocks only shrink until
+        # a completion, so the queue head stays out.
+        s.steady = 2 ** 62
+    return 0
 
 
 @dataclass
-class SarathiLike:
+class SarathiLike(CompiledPolicy):
     overflow: OverflowRule
     chunk_size: int = field(default=512, metadata=check(ge=1))
     max_num_seqs: int = field(default=256, metadata=check(ge=1))
@@ -53,168 +187,13 @@ class SarathiLike:
     block_size: int = field(default=16, metadata=check(ge=1))
     preemption: Literal["recompute", "restart"] = "recompute"
 
+    decision = sarathi_decide
+
     def __post_init__(self) -> None:
         check_serving_limits(chunk_size=self.chunk_size, max_num_seqs=self.max_num_seqs,
                              watermark=self.watermark)
 
-    def decide(self, view: PolicyView) -> Batch:
-        block = view.kv_block_size
-        running = view.running
-        remaining = view.prefill_len[running] - view.prefilled[running]
-        # Blocks each running request occupies after this iteration before any new chunk:
-        # decodes grow by one token; prefills keep (or have reserved) their blocks.
-        if self.reserve_prompt:
-            occupied = np.where(remaining == 0, view.held[running] + 1,
-                                view.prefill_len[running] + 1)
-        else:
-            occupied = view.held[running] + (remaining == 0)
-        occupied = blocks(occupied, block)
-        capacity = view.kv_capacity // block
-        keep = preempt_latest_until_fit(running, occupied, capacity)
-        if keep is None:
-            kept, preempted = running, _EMPTY
-        else:
-            kept, preempted = running[keep], running[~keep]
-            remaining, occupied = remaining[keep], occupied[keep]
-        if np.count_nonzero(remaining):
-            decodes, prefilling = kept[remaining == 0], kept[remaining > 0]
-        else:
-            decodes, prefilling = kept, _EMPTY
-        free = capacity - int(occupied.sum())
-        plan = _ChunkPlan(view, self.chunk_size - decodes.size, free, self.reserve_prompt)
-        for rid in prefilling:
-            plan.continue_prefill(int(rid))
-        while not plan.chunks and decodes.size == 0 and prefilling.size > 1:
-            # Part-way prefills starve each other of KV: free the latest for the oldest.
-            victim, prefilling = prefilling[-1], prefilling[:-1]
-            preempted = np.append(preempted, victim)
-            plan.free += blocks(int(view.held[victim]), block)
-            plan.continue_prefill(int(prefilling[0]))
-        watermark = int(self.watermark * capacity)
-        seats = self.max_num_seqs - kept.size
-        for rid in view.waiting:
-            if seats <= 0 or not plan.admit(int(rid), watermark, lone=kept.size + len(plan.started)
-                                            == 0):
-                break
-            seats -= 1
-        chunked = (np.fromiter((r for r in prefilling if r in plan.chunks), dtype=np.int64)
-                   if prefilling.size else _EMPTY)
-        started = np.asarray(plan.started, dtype=np.int64) if plan.started else _EMPTY
-        if preempted.size or plan.watermark_cut:
-            steady = 0
-        elif prefilling.size == 0 and started.size == 0:
-            # Every running request decodes and nothing starts: the free blocks only shrink
-            # until a completion, so the queue head stays out (see _ChunkPlan._chunk).
-            steady = UNTIL_CHANGE
-        else:
-            # Requests started now go on as prefills after the running ones, in this order.
-            steady = self._steady_chunk_steps(view, decodes,
-                                              np.concatenate((prefilling, started)),
-                                              np.concatenate((chunked, started)), plan.chunks)
-        # Only chunks short of the whole remaining prompt need naming (the engine's default),
-        # and a batch of every running request in order is advance=None: less to validate.
-        everyone = prefilling.size == 0 and preempted.size == 0
-        return Batch(start=started,
-                     advance=None if everyone else np.concatenate((decodes, chunked)),
-                     preempt=preempted, prefill_chunks=plan.partial or None,
-                     steady_steps=steady)
-
-    def _steady_chunk_steps(self, view: PolicyView, decodes: np.ndarray,
-                            prefilling: np.ndarray, chunked: np.ndarray,
-                            chunks: dict[int, int]) -> int:
-        """For how many more steps a decision of decodes and prompt chunks repeats.
-
-        ``prefilling`` and ``chunked`` include the requests the decision starts: at the
-        next step they are running prefills after the others, and (the budget and the
-        earlier chunks being the same) take the same chunks, as a first chunk and a
-        continuing one are sized alike unless the watermark cut the first (then
-        :meth:`decide` promises nothing). While no chunk is its prompt's last (the
-        engine stops a stretch before one is), the chunks get the same token budget
-        and the free blocks only shrink, so nothing that waits or is paused gets a
-        chunk. Without reservation a chunk keeps its size exactly while the step fits
-        the KV capacity, which the engine checks; with it, the reserved prompts and
-        the growing decodes must also fit, or the latest running request is
-        preempted: counted from the blocks they occupy at each step ahead, as
-        :meth:`decide` counts them.
-        """
-        if not chunked.size:
-            return 0
-        if not self.reserve_prompt:
-            return UNTIL_CHANGE
-        chunk = np.fromiter((chunks[r] for r in chunked), dtype=np.int64, count=chunked.size)
-        left = view.prefill_len[chunked] - view.prefilled[chunked] - chunk
-        horizon = min(int(((left - 1) // chunk).min()), _STEADY_HORIZON)
-        if horizon <= 0:
-            return 0
-        block = view.kv_block_size
-        decoding = view.held[decodes] + 1
-        room = view.kv_capacity // block - int(blocks(decoding, block).sum()) - int(
-            blocks(view.prefill_len[prefilling] + 1, block).sum())
-        # A decode gains at most ceil(j / block) blocks in j steps: if that fits, all steps do.
-        if decodes.size * -(-horizon // block) <= room:
-            return horizon
-        fits = BlockGrowth(decoding, block)(np.arange(1, horizon + 1)) <= room
-        return int(np.argmin(fits)) if np.count_nonzero(~fits) else horizon
-
-
-class _ChunkPlan:
-    """Hands out the iteration's prompt-token budget and free blocks, chunk by chunk."""
-
-    def __init__(self, view: PolicyView, budget: int, free_blocks: int, reserve: bool) -> None:
-        self.view, self.budget, self.free, self.reserve = view, budget, free_blocks, reserve
-        self.block = view.kv_block_size
-        self.chunks: dict[int, int] = {}
-        self.partial: dict[int, int] = {}  # the chunks that leave part of the prompt
-        self.started: list[int] = []
-        # A first chunk the watermark made smaller than the budget allowed: as a
-        # continuing prefill (no watermark) the request would take more next step.
-        self.watermark_cut = False
-
-    def _chunk(self, rid: int, room_blocks: int | None) -> int:
-        """The largest chunk of ``rid``'s remaining prefill within budget and room."""
-        view = self.view
-        remaining = int(view.prefill_len[rid] - view.prefilled[rid])
-        chunk = min(remaining, self.budget)
-        if room_blocks is not None:
-            held = int(view.held[rid])
-            room = room_blocks * self.block + (-held) % self.block  # + slack in its last block
-            chunk = min(chunk, room)
-            if chunk == remaining and chunk + 1 > room:
-                chunk = room - 1  # the last chunk also writes token 1: leave it for later
-        return max(chunk, 0)
-
-    def _take(self, rid: int, chunk: int) -> None:
-        view = self.view
-        self.chunks[rid] = chunk
-        self.budget -= chunk
-        emits = bool(chunk == view.prefill_len[rid] - view.prefilled[rid])
-        if not emits:
-            self.partial[rid] = chunk
-        if not self.reserve:
-            held = int(view.held[rid])
-            self.free -= blocks(held + chunk + emits, self.block) - blocks(held, self.block)
-
-    def continue_prefill(self, rid: int) -> None:
-        chunk = self._chunk(rid, None if self.reserve else self.free)
-        if chunk > 0:
-            self._take(rid, chunk)
-
-    def admit(self, rid: int, watermark: int, lone: bool) -> bool:
-        """Start ``rid`` with a first chunk if budget and KV allow; False stops admission."""
-        floor = 0 if lone else watermark
-        if self.reserve:
-            needed = blocks(int(self.view.prefill_len[rid]) + 1, self.block)
-            if self.free - needed < floor:
-                return False
-            chunk = self._chunk(rid, None)
-            if chunk > 0:
-                self.free -= needed
-        else:
-            chunk = self._chunk(rid, self.free - floor)
-            if floor and 0 < chunk < self._chunk(rid, self.free):
-                self.watermark_cut = True
-        if chunk <= 0:
-            return False
-        self._take(rid, chunk)
-        self.started.append(rid)
-        return True
+    def rule_state(self, setup: RunSetup):
+        watermark = int(self.watermark * (setup.kv_capacity // setup.block_size))
+        return new_rule_state(ints=np.array([self.chunk_size, self.max_num_seqs, watermark,
+                                             int(self.reserve_prompt)]))

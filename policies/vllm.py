@@ -29,19 +29,89 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
 from policies.common.serving import check_serving_limits, preempt_latest_until_fit
+from replay.engine.jit import jit
 from replay.engine.paging import blocks
-from replay.engine.policy import UNTIL_CHANGE, Batch, OverflowRule, PolicyView
+from replay.engine.policy import OverflowRule, PolicyView, RunSetup
+from replay.engine.rules import CompiledPolicy
+from replay.engine.state import new_rule_state
 from replay.errors import ConfigError
 from replay.params import check
 
-_EMPTY = np.zeros(0, dtype=np.int64)
+#: The rule's record: ``ints`` = [max_num_seqs, max_num_batched_tokens, watermark in blocks].
+MAX_SEQS, MAX_TOKENS, WATERMARK = 0, 1, 2
+#: Error code: the queue head's prefill exceeds max_num_batched_tokens (``error_arg``: its id).
+PREFILL_OVER_BUDGET = 1
+
+
+@jit
+def vllm_decide(s, rule):
+    """Admit a prefix of the queue (prefill only) if any fits the three limits, else decode
+    every running request, preempting the latest arrivals until their blocks fit."""
+    block, params = s.block, rule.ints
+    capacity = s.capacity // block
+    running, n_run, held = s.running, s.n_run, s.held
+    used = 0
+    for k in range(n_run):
+        used += blocks(held[running[k]], block)
+    free = capacity - used
+    n_wait = min(max(0, params[MAX_SEQS] - n_run), s.qtail - s.qhead)
+    if n_wait > 0:
+        queue, head, prefill_len = s.queue, s.qhead, s.prefill_len
+        first = queue[head]
+        head_prefill = prefill_len[first]
+        if head_prefill > params[MAX_TOKENS]:
+            s.error_arg = first
+            return PREFILL_OVER_BUDGET
+        watermark = params[WATERMARK]
+        s.n_advance = 0
+        if free - blocks(head_prefill + 1, block) < watermark:
+            # The head does not fit (most steps of an overloaded run), so no prefix does; the
+            # watermark is waived for a lone request (see the module docstring).
+            if n_run == 0:
+                s.start[0] = first
+                s.n_start = 1
+                return 0
+        else:
+            prefill = 0
+            needed = 0
+            k = 0
+            while k < n_wait:
+                rid = queue[head + k]
+                prefill += prefill_len[rid]
+                needed += blocks(prefill_len[rid] + 1, block)
+                if prefill > params[MAX_TOKENS] or free - needed < watermark:
+                    break
+                s.start[k] = rid
+                k += 1
+            s.n_start = k
+            return 0
+        s.n_advance = -1
+    after = s.scratch
+    for k in range(n_run):
+        after[k] = blocks(held[running[k]] + 1, block)
+    cut = preempt_latest_until_fit(running, after, n_run, capacity)
+    if cut < 0:
+        # Steady: without arrivals or completions the queue head stays too big for the free
+        # blocks (they only shrink), so only the preemption test can change this.
+        s.steady = 2 ** 62
+        return 0
+    n_advance = 0
+    n_preempt = 0
+    for k in range(n_run):
+        rid = running[k]
+        if rid >= cut:
+            s.preempt[n_preempt] = rid
+            n_preempt += 1
+        else:
+            s.advance[n_advance] = rid
+            n_advance += 1
+    s.n_advance, s.n_preempt = n_advance, n_preempt
+    return 0
 
 
 @dataclass
-class VLLMLike:
+class VLLMLike(CompiledPolicy):
     overflow: OverflowRule
     max_num_seqs: int = field(default=256, metadata=check(ge=1))
     max_num_batched_tokens: int = field(default=4096, metadata=check(ge=1))
@@ -49,44 +119,19 @@ class VLLMLike:
     block_size: int = field(default=16, metadata=check(ge=1))
     preemption: Literal["recompute", "restart"] = "recompute"
 
+    decision = vllm_decide
+
     def __post_init__(self) -> None:
         check_serving_limits(max_num_seqs=self.max_num_seqs,
                              max_num_batched_tokens=self.max_num_batched_tokens,
                              watermark=self.watermark)
 
-    def decide(self, view: PolicyView) -> Batch:
-        block = view.kv_block_size
-        capacity = view.kv_capacity // block
-        running = view.running
-        admitted = self.admit(view, capacity - int(blocks(view.held[running], block).sum()))
-        if admitted.size:
-            return Batch(start=admitted, advance=_EMPTY)
-        keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block), capacity)
-        if keep is None:
-            # Steady: without arrivals or completions the queue head stays too big for the
-            # free blocks (they only shrink), so only the preemption test can change this.
-            # advance=None (all running) spares the engine validating the ids.
-            return Batch(steady_steps=UNTIL_CHANGE)
-        return Batch(advance=running[keep], preempt=running[~keep])
+    def rule_state(self, setup: RunSetup):
+        watermark = int(self.watermark * (setup.kv_capacity // setup.block_size))
+        return new_rule_state(ints=[self.max_num_seqs, self.max_num_batched_tokens, watermark])
 
-    def admit(self, view: PolicyView, free_blocks: int) -> np.ndarray:
-        """The prefix of the waiting queue that the three admission limits allow."""
-        waiting = view.waiting[: max(0, self.max_num_seqs - view.running.size)]
-        if waiting.size == 0:
-            return _EMPTY
-        head_prefill = int(view.prefill_len[waiting[0]])
-        if head_prefill > self.max_num_batched_tokens:
-            raise ConfigError(
-                f"policy.max_num_batched_tokens={self.max_num_batched_tokens} is below the "
-                f"{head_prefill}-token prefill of request {int(waiting[0])}; vLLM requires "
-                f"the budget to cover the longest prompt (plus, under recompute, its output)")
-        watermark = int(self.watermark * (view.kv_capacity // view.kv_block_size))
-        if free_blocks - blocks(head_prefill + 1, view.kv_block_size) < watermark:
-            # The head does not fit (most steps of an overloaded run), so no prefix does;
-            # the watermark is waived for a lone request (see the module docstring).
-            return waiting[:1] if view.running.size == 0 else _EMPTY
-        prefill = view.prefill_len[waiting]
-        needed = np.cumsum(blocks(prefill + 1, view.kv_block_size))
-        fits = (np.cumsum(prefill) <= self.max_num_batched_tokens) & (
-            free_blocks - needed >= watermark)
-        return waiting[:int(np.argmin(fits)) if np.count_nonzero(~fits) else fits.size]
+    def decision_error(self, code: int, arg: int, view: PolicyView) -> Exception:
+        return ConfigError(
+            f"policy.max_num_batched_tokens={self.max_num_batched_tokens} is below the "
+            f"{int(view.prefill_len[arg])}-token prefill of request {arg}; vLLM requires "
+            f"the budget to cover the longest prompt (plus, under recompute, its output)")

@@ -11,9 +11,9 @@ building the backend, assembling the result tables). ``--scenarios all`` runs th
 scenarios instead (WAIT and Nested WAIT on their B workloads, Vidur timing where
 named). ``--user-policy`` adds a user's own Python policy to the grid: the documentation's
 example (``docs/examples/longest_prompt_first.py``, loaded as a user would install it),
-which runs on the Python path even with ``engine.compiled=true``, the default; the
-``path`` column says which loop ran. ``--sorted`` measures the Sorted-F family instead:
-one Phase-1 plan of Sorted-F (swap, quantile) over 2,000 and 20,000 waiting requests,
+whose decision runs in Python, called from the same compiled step loop; the ``policy``
+column says which kind of decision ran (``compiled`` or ``python``). ``--sorted``
+measures the Sorted-F family instead: one Phase-1 plan of Sorted-F (swap, quantile) over 2,000 and 20,000 waiting requests,
 and the LP's build and solve time at the sizes of C1 (Uniform, n = 100, M = 100) and C2
 (mixed, n = 2,000).
 Not a test: numbers depend on the machine.
@@ -80,7 +80,7 @@ def main() -> None:
                              f"{','.join(SCENARIOS)} (or 'all')")
     parser.add_argument("--user-policy", action="store_true",
                         help="also the documentation's example policy, a user's own Python "
-                             "policy (the Python path)")
+                             "policy (a decision written in Python)")
     parser.add_argument("--sorted", action="store_true",
                         help="Phase-1 plan and LP times of the Sorted-F family instead")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
@@ -90,7 +90,7 @@ def main() -> None:
         return
     print(f"{'run':<36}{'requests':>9}{'iterations':>11}{'wall s':>9}{'req/wall-s':>12}"
           f"{'decide us/step':>16}{'timing us/step':>16}{'engine us/step':>16}{'batch':>7}"
-          f"{'ns/member':>10}{'setup s':>9}{'decided %':>10}  path")
+          f"{'ns/member':>10}{'setup s':>9}{'decided %':>10}  policy")
     if args.scenarios:
         names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
         for name in names:
@@ -149,7 +149,7 @@ def report(label: str, cfg, repeat: int) -> None:
           f"{1e6 * fastest.timing_time_s / steps:>16.1f}{1e6 * engine / steps:>16.1f}"
           f"{members / steps:>7.0f}{1e9 * fastest.loop_time_s / max(members, 1):>10.1f}"
           f"{best - fastest.loop_time_s:>9.2f}{100 * fastest.decisions / steps:>10.1f}"
-          f"  {(fastest.engine_path or {}).get('path', 'python')}", flush=True)
+          f"  {(fastest.engine_path or {}).get('policy', '?')}", flush=True)
 
 
 def bench_sorted(repeat: int) -> None:

@@ -150,38 +150,6 @@ def known_types(cfg: DictConfig, workload) -> dict:
     return {}
 
 
-def replay_engine(engine: Engine, compiled: bool = True) -> RunResult:
-    """Run ``engine`` on the compiled step loop when asked and it has one, else on the
-    Python reference loop (same tables, tested byte for byte); ``engine_path`` says which
-    ran and why not the compiled one (the summary's ``compile_time_s`` is what compiling,
-    or loading it from numba's disk cache, cost this process)."""
-    if not compiled:
-        result = engine.run()
-        result.engine_path = {"path": "python", "reason": "engine.compiled=false"}
-        return result
-    try:
-        from replay.compiled import run_compiled, unsupported_reason
-    except ImportError as exc:  # numba missing or broken on this machine
-        global _NO_NUMBA_WARNED
-        if not _NO_NUMBA_WARNED:
-            log.warning("numba cannot be imported (%s): replaying on the Python path", exc)
-            _NO_NUMBA_WARNED = True
-        result = engine.run()
-        result.engine_path = {"path": "python", "reason": f"numba unavailable: {exc}"}
-        return result
-    reason = unsupported_reason(engine)
-    if reason is not None:
-        result = engine.run()
-        result.engine_path = {"path": "python", "reason": reason}
-        return result
-    result = run_compiled(engine)
-    result.engine_path = {"path": "compiled"}
-    return result
-
-
-_NO_NUMBA_WARNED = False
-
-
 def build_engine(cfg: DictConfig) -> tuple[Engine, object, object, Requests]:
     """The engine ``cfg`` implies, constructed and not yet run, with its workload and
     timing backend and the requests it replays."""
@@ -195,14 +163,8 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, object, object, Requests]:
                              limits.get("max_requests", MAX_REQUESTS))
     requests = with_predictions(requests, instantiate(cfg.prediction), kv.tokens, cfg.seed)
     policy = instantiate(cfg.policy, **known_types(cfg, workload))
-    engine = Engine(requests, policy, timing, kv, seed=cfg.seed,
-                    livelock_window=cfg.engine.livelock_window, max_steps=cfg.engine.max_steps,
-                    progress=cfg.output.progress,
-                    validate_decisions=cfg.engine.validate_decisions,
-                    preemption=cfg.engine.preemption, requeue=cfg.engine.requeue,
-                    max_running=cfg.engine.max_running,
-                    max_starts_per_round=cfg.engine.get("max_starts_per_round"),
-                    fast_forward=cfg.engine.fast_forward)
+    engine = Engine(requests, policy, timing, kv, seed=cfg.seed, progress=cfg.output.progress,
+                    **OmegaConf.to_container(cfg.engine, resolve=True))
     return engine, workload, timing, requests
 
 
@@ -210,7 +172,7 @@ def build_and_run(cfg: DictConfig) -> tuple[RunResult, Requests, dict]:
     """Instantiate every component of ``cfg`` and replay it."""
     engine, workload, timing, requests = build_engine(cfg)
     policy = engine.policy
-    result = replay_engine(engine, cfg.engine.get("compiled", True))
+    result = engine.run()
     if hasattr(policy, "describe"):
         result.policy_info = policy.describe()
     if getattr(workload, "types", None) is not None:

@@ -52,7 +52,6 @@ RULES = (
     Rule("engine.requeue", str, lambda v: v in ("front", "back"), "front or back"),
     Rule("engine.validate_decisions", bool, lambda v: isinstance(v, bool), "true or false"),
     Rule("engine.fast_forward", bool, lambda v: isinstance(v, bool), "true or false"),
-    Rule("engine.compiled", bool, lambda v: isinstance(v, bool), "true or false"),
     Rule("kv.block_size", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("kv.tokens", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("workload.n", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1 or null",

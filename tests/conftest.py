@@ -12,7 +12,6 @@ from replay.engine.kv import explicit
 from replay.engine.loop import Engine, RunResult
 from replay.engine.requests import Requests
 from replay.timing import UnitTiming
-from replay.timing.base import BatchShape, Stretch
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("KVSCHED_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -36,21 +35,3 @@ def data_dir() -> Path:
     if not (DATA_DIR / "traces").is_dir():
         pytest.skip(f"data directory {DATA_DIR} not present (set KVSCHED_DATA_DIR)")
     return DATA_DIR
-
-
-def stretch_and_steps(decode_context, chunk, chunk_context, steps: int
-                      ) -> tuple[Stretch, list[BatchShape]]:
-    """A stretch and its first ``steps`` iterations as the engine's single steps shape them:
-    decodes feed one token and grow by one; prefills (``is_prefill``, even a one-token
-    chunk) feed their chunk and grow by it; decodes and prefills interleaved."""
-    decode_context, chunk, chunk_context = (np.asarray(a, dtype=np.int64) for a in
-                                            (decode_context, chunk, chunk_context))
-    stretch = Stretch(decode_context.size, int(decode_context.sum()),
-                      int(decode_context.max(initial=0)), chunk, chunk_context)
-    # Prefills first, then decodes: the order in which prefills meet must be kept, the
-    # place of the decodes among them must not matter.
-    is_prefill = np.arange(chunk.size + decode_context.size) < chunk.size
-    new_tokens = np.concatenate((chunk, np.ones(decode_context.size, dtype=np.int64)))
-    return stretch, [BatchShape(new_tokens, np.concatenate((chunk_context + j * chunk,
-                                                            decode_context + j)), is_prefill)
-                     for j in range(steps)]

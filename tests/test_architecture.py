@@ -38,6 +38,8 @@ def test_the_import_contracts_hold():
     ("replay/engine/kv.py", "import replay.cli", "never import the command line"),
     ("replay/engine/kv.py", "import replay.experiments.report", "Layers"),
     ("replay/errors.py", "import replay.data", "No import circles"),
+    ("replay/engine/phases.py", "import replay.data", "reads no config"),
+    ("replay/engine/loop.py", "import policies.vllm", "Layers"),
 ])
 def test_a_planted_violation_breaks_its_contract(tmp_path, module, planted, broken):
     for package in ("replay", "policies", "traces"):
@@ -49,3 +51,17 @@ def test_a_planted_violation_breaks_its_contract(tmp_path, module, planted, brok
     result = lint(tmp_path)
     assert result.returncode != 0
     assert broken in result.stdout.replace("\n", " ")
+
+
+def test_the_engine_names_no_policy():
+    """The step loop reaches a policy only through its function pointer: no module of the
+    engine names a built-in policy, so a policy's rule lives in its own module alone."""
+    names = {path.stem for path in (REPO / "policies").glob("*.py")} - {"__init__", "labels"}
+    classes = {"VLLMLike", "SarathiLike", "FCFSLookahead", "MCSF", "AlphaProtection",
+               "PaperFCFS", "Wait", "NestedWait", "SortedF", "SortedLP", "LPSwap", "AMin"}
+    for path in (REPO / "replay" / "engine").glob("*.py"):
+        text = path.read_text()
+        assert "policies." not in text.replace("policies.common", ""), path
+        named = {name for name in classes if f"{name}(" in text or f" {name}," in text}
+        assert not named, (path, named)
+        assert not {name for name in names if f"policies.{name}" in text}, path

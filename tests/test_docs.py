@@ -70,9 +70,9 @@ def test_the_example_policy_replays_with_its_config(monkeypatch):
     assert policy_label(OmegaConf.to_container(cfg.policy)) == "LongestPromptFirst"
 
 
-def test_bench_times_the_example_policy_on_the_python_path():
+def test_bench_times_the_example_policy_decided_in_python():
     """``replay.bench --user-policy``: a user's own policy, loaded from the docs' example
-    file, runs (on the Python loop, compiled engine or not) beside a built-in one."""
+    file, runs beside a built-in one, its decision in Python, the built-in's compiled."""
     import subprocess
     import sys
 

@@ -340,55 +340,39 @@ def test_kept_order_reuses_its_order_only_for_the_same_read_only_queue():
     assert first.tolist() == [2, 0] and kept.ordered(frozen, key) is first
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["append", "drop", "replace", "insert"]),
-                          st.integers(0, 300)), min_size=1, max_size=30),
-       st.integers(0, 10_000))
-def test_waiting_queue_matches_a_plain_array_and_keeps_old_views(operations, seed):
-    """WaitingQueue equals rebuilding a plain array, and a view handed out earlier keeps
-    reading the queue as it was (policies may hold on to one)."""
-    from replay.engine.waiting import WaitingQueue
-
-    rng = np.random.default_rng(seed)
-    queue, model, next_id, views = WaitingQueue(), np.zeros(0, dtype=np.int64), 0, []
-    status = np.zeros(20_000, dtype=np.int8)  # 1 = waiting
-    for operation, k in operations:
-        if operation == "append":
-            new = np.arange(next_id, next_id + k)
-            next_id += k
-            status[new] = 1
-            queue.append(new)
-            model = np.concatenate((model, new))
-        elif operation == "drop" and model.size:
-            # Admit k requests: the first ones (the prefix path) or any (the rebuild path).
-            k = min(k, model.size)
-            left = model[:k] if rng.random() < 0.5 else rng.choice(model, k, replace=False)
-            status[left] = 2
-            queue.drop_left(status, 1, k)
-            model = model[status[model] == 1]
-        elif operation == "replace":
-            model = rng.permutation(model)
-            queue.replace(model)
-        elif operation == "insert":
-            # Requeue k requests at sorted positions (repeats included), as np.insert does.
-            new = np.arange(next_id, next_id + k % 7)
-            next_id += new.size
-            status[new] = 1
-            at = np.sort(rng.integers(0, model.size + 1, new.size))
-            queue.insert(at, new)
-            model = np.insert(model, at, new)
-        views.append((queue.ids, model.copy()))
-        assert queue.size == model.size and np.array_equal(queue.ids, model)
-        assert not queue.ids.flags.writeable
-    assert all(np.array_equal(view, then) for view, then in views)
-
-
 def test_a_long_replay_says_where_it_is(monkeypatch, caplog):
-    """The heartbeat (every 4,096 steps, at most every HEARTBEAT_S) reaches the log."""
+    """The heartbeat (where the step loop hands back to Python, at most every HEARTBEAT_S)
+    reaches the log."""
     monkeypatch.setattr(loop, "HEARTBEAT_S", 0.0)
+    monkeypatch.setattr(loop, "YIELD_STEPS", 1024)
     with caplog.at_level(logging.INFO, logger="replay.engine.loop"):
         result = replay([1] * 5000, [2] * 5000, FCFSLookahead(EvictLIFO()), kv_tokens=3,
                         arrival=np.arange(5000.0))
     assert result.status == "completed"
     beats = [r.getMessage() for r in caplog.records if "requests completed" in r.getMessage()]
     assert beats and beats[0].startswith("replay: ") and " of 5000 requests completed" in beats[0]
+
+
+def test_the_progress_bar_counts_completed_requests(monkeypatch):
+    """With ``output.progress=true`` the bar moves as the step loop hands back to Python."""
+    counts = []
+
+    class Bar:
+        n = 0
+
+        def __init__(self, total, disable, **_):
+            assert total == 5000 and not disable
+
+        def update(self, k):
+            self.n += k
+            counts.append(self.n)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(loop, "tqdm", Bar)
+    monkeypatch.setattr(loop, "YIELD_STEPS", 1024)
+    result = replay([1] * 5000, [2] * 5000, FCFSLookahead(EvictLIFO()), kv_tokens=3,
+                    arrival=np.arange(5000.0), progress=True)
+    assert result.status == "completed"
+    assert len(counts) > 5 and counts == sorted(counts) and counts[-1] == 5000

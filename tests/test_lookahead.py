@@ -1,23 +1,15 @@
-"""The shared lookahead check against a brute-force round-by-round simulation."""
+"""The shared lookahead check against a brute-force round-by-round simulation (the compiled
+rule, called from Python as the policies written in Python call it)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.common import lookahead
-from policies.common.lookahead import (
-    PeakHint,
-    _peak_with_one_more,
-    admissible_prefix,
-    kv_at,
-    peak_kv,
-    start_admissible,
-)
+from policies.common.lookahead import admissible_prefix, peak_kv
+from policies.fcfs import FCFSLookahead
+from replay.engine.overflow import EvictLIFO
 from replay.engine.policy import PolicyView
 
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=0, max_size=30)
@@ -36,27 +28,6 @@ def test_peak_equals_round_by_round_maximum(pairs, block_size):
     base = np.array([b for b, _ in pairs], dtype=np.int64)
     remaining = np.array([r for _, r in pairs], dtype=np.int64)
     assert peak_kv(base, remaining, block_size) == brute_peak(base, remaining, block_size)
-
-
-@settings(max_examples=300, deadline=None)
-@given(pairs=lengths.filter(len), new=st.tuples(st.integers(1, 40), st.integers(1, 40)))
-def test_the_one_candidate_peak_equals_the_joined_peak_and_says_where(pairs, new):
-    base = np.array([b for b, _ in pairs], dtype=np.int64)
-    remaining = np.array([r for _, r in pairs], dtype=np.int64)
-    joined_base, joined_rem = np.append(base, new[0]), np.append(remaining, new[1])
-    peak, checkpoint = _peak_with_one_more(base, remaining, *new)
-    assert peak == peak_kv(joined_base, joined_rem)
-    assert kv_at(joined_base, joined_rem, checkpoint) == peak
-
-
-@settings(max_examples=300, deadline=None)
-@given(pairs=lengths, checkpoint=st.integers(1, 45))
-def test_the_kv_at_any_checkpoint_is_a_lower_bound_of_the_peak(pairs, checkpoint):
-    base = np.array([b for b, _ in pairs], dtype=np.int64)
-    remaining = np.array([r for _, r in pairs], dtype=np.int64)
-    held = kv_at(base, remaining, checkpoint)
-    assert held == int(((base + checkpoint) * (remaining >= checkpoint)).sum())
-    assert held <= brute_peak(base, remaining)
 
 
 def make_view(kv, prompt, output, generated, running, waiting) -> PolicyView:
@@ -106,58 +77,13 @@ def test_admissible_prefix_equals_walk_and_stop(data):
     assert admissible_prefix(view, np.asarray(waiting, dtype=np.int64)) == expected
 
 
-def decoded(view: PolicyView, steps: int) -> PolicyView:
-    """``view`` after ``steps`` pure decode steps in which nobody arrives or completes."""
-    running = np.isin(np.arange(view.generated.size), view.running)
-    return dataclasses.replace(
-        view, generated=view.generated + steps * running, held=view.held + steps * running,
-        kv_held=view.kv_held + steps * view.running.size, iteration=view.iteration + steps)
-
-
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data())
-def test_a_peak_hint_never_changes_the_batch(data):
+def test_fcfs_starts_the_admissible_prefix_of_its_queue(data):
     view = draw_view(data)[0]
-    view.iteration = data.draw(st.integers(0, 5))
-    plain = start_admissible(view, view.waiting)
-    for hinted in range(-2, 45):  # every checkpoint the drawn lengths can reach, and more
-        with_hint = start_admissible(view, view.waiting, PeakHint(hinted))
-        assert np.array_equal(with_hint.start, plain.start)
-
-
-@settings(max_examples=300, deadline=None)
-@given(data=st.data(), hinted=st.booleans())
-def test_a_steady_promise_holds_for_every_step_it_names(data, hinted):
-    view = draw_view(data)[0]
-    view.kv_held = int(view.held.sum())
-    hint = PeakHint() if hinted else None
-    promised = start_admissible(view, view.waiting, hint).steady_steps
-    steps = 1
-    # The promise covers the steps the running set can take within M (checked up to 60,
-    # twice the longest drawn output).
-    while (steps <= min(promised, 60)
-           and view.kv_held + steps * view.running.size <= view.kv_capacity):
-        later = start_admissible(decoded(view, steps), view.waiting, hint)
-        assert later.start.size == 0, f"started at step {steps} of {promised} promised"
-        steps += 1
-
-
-def test_a_rejection_remembers_where_it_peaked_and_the_next_step_looks_there_first(monkeypatch):
-    # Running request 1 (s=1, o=12, 2 generated) holds 3 + c at c iterations from now;
-    # waiting request 0 (s=4, o=10, kept 6 tokens) would hold 10 + c until c = 4. Both
-    # hold 7 + 14 = 21 > 20 at c = 4, the peak: iteration 3 + 4 = 7.
-    view = make_view(20, [4, 1], [10, 12], [6, 2], [1], [0])
-    view.iteration = 3
-    hint = PeakHint()
-    assert start_admissible(view, view.waiting, hint).start.size == 0
-    assert hint.iteration == 7
-
-    def full_check(*args):
-        raise AssertionError("the hint should have answered")
-    monkeypatch.setattr(lookahead, "_peak_with_one_more", full_check)
-    assert start_admissible(view, view.waiting, hint).start.size == 0
-    with pytest.raises(AssertionError, match="the hint"):
-        start_admissible(view, view.waiting, PeakHint())
+    batch = FCFSLookahead(EvictLIFO()).decide(view)
+    assert batch.start.tolist() == view.waiting[:admissible_prefix(view, view.waiting)].tolist()
+    assert batch.advance is None and batch.preempt.size == 0
 
 
 def test_a_request_that_kept_tokens_is_checked_with_them():

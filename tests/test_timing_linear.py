@@ -1,14 +1,13 @@
-"""LinearTiming with its per-token terms: the terms, stretches priced like single steps."""
+"""LinearTiming with its per-token terms, priced by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from replay.engine.timing import BatchShape
 from replay.errors import ConfigError
 from replay.timing import LinearTiming
-from replay.timing.base import BatchShape
-from tests.conftest import stretch_and_steps
 
 FULL = LinearTiming(d0=0.0097, d1=3.2e-7, d2=6.4e-5, d3=5.4e-5, d4=2.0e-4)
 
@@ -29,18 +28,6 @@ def test_zero_new_terms_price_as_before():
     old = LinearTiming(0.01, 1e-4, 5e-4)
     touched, prefill, _, _ = LinearTiming.terms(batch)
     assert old.duration(batch) == 0.01 + 1e-4 * touched + 5e-4 * prefill
-
-
-@pytest.mark.parametrize("timing", [FULL, LinearTiming(0.0, 3e-7, d3=1e-4),
-                                    LinearTiming(0.01, 0.0, d4=1e-3)])
-@pytest.mark.parametrize("chunks", [([], []), ([16, 1], [40, 3]), ([7], [0])])
-@pytest.mark.parametrize("decode_context", [[5, 17, 40], []])
-def test_a_stretch_prices_like_its_single_steps(timing, chunks, decode_context):
-    if not decode_context and not chunks[0]:
-        return
-    stretch, single = stretch_and_steps(decode_context, *chunks, 25)
-    assert timing.stretch_durations(stretch, 25).tolist() == [timing.duration(s)
-                                                              for s in single]
 
 
 def test_coefficients_are_checked():

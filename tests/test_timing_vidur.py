@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 
 from replay.data import MissingDataError
+from replay.engine.timing import BatchShape, TimingBackend
 from replay.errors import ConfigError
 from replay.timing import LinearTiming, aiconfigurator, attention_7b, profiles_fetch
-from replay.timing.base import BatchShape, Stretch, TimingBackend
 from replay.timing.fit_linear import batch_mix, fit, grid_errors, region_table
 from replay.timing.shapes import compose_timing, shape_table, standard_shapes
 from replay.timing.vidur import VidurRangeError, VidurTiming
 from replay.timing.vidur_build import vidur_batch
-from tests.conftest import DATA_DIR, stretch_and_steps
+from tests.conftest import DATA_DIR
 from traces.fetch import fetch
 
 PROFILES = DATA_DIR / "vidur" / "profiling"
@@ -183,12 +183,9 @@ def test_extrapolation_scales_from_the_profile_edge_and_is_logged(timings, caplo
 def test_extrapolation_agrees_with_the_tables_inside_the_range(timings):
     timing = timings["7b"]
     for batch in random_batches(np.random.default_rng(2), 50):
-        decode = batch.new_tokens == 1
-        inside = timing.duration(batch) / timing.tables.num_layers / 1e-3
-        outside = timing._extrapolated_ms(batch.new_tokens, batch.context,
-                                          int(batch.new_tokens.sum()), decode,
-                                          int(decode.sum()))
-        assert outside == pytest.approx(inside, rel=1e-12)
+        # the edge-scaled parts (what out_of_range=extrapolate prices) are the lookups inside
+        assert sum(timing.parts(batch).values()) == pytest.approx(timing.duration(batch),
+                                                                  rel=1e-12)
 
 
 @needs_profiles
@@ -402,10 +399,6 @@ def test_beyond_profile_changes_only_batches_past_the_profile(timings, cache_dir
         assert prices["flat"] < prices["measured"] <= prices["linear"] * 1.1
         changed |= {m for m in prices if prices[m] != prices["linear"]}
     assert changed == {"flat", "measured"}
-    # A profiled stretch is priced the same way by every mode.
-    stretch = Stretch(64, 64 * 300, 300)
-    assert (modes["flat"].stretch_durations(stretch, 10)
-            == modes["measured"].stretch_durations(stretch, 10)).all()
 
 
 def test_beyond_profile_is_checked(tmp_path):
@@ -442,47 +435,6 @@ def test_missing_kernel_tables_package_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(aiconfigurator.resources, "files", not_installed)
     with pytest.raises(ConfigError, match=r"pip install 'aiconfigurator-core>=0.12'"):
         aiconfigurator.prefill_kv_head_ratio()
-
-
-@needs_profiles
-@pytest.mark.parametrize("setup", sorted(SETUPS))
-def test_a_decode_stretch_is_priced_like_its_single_steps_up_to_the_profile_edge(timings, setup):
-    timing = timings[setup]
-    rng = np.random.default_rng(3)
-    counted = dict(timing.out_of_range_batches)  # the fixture is shared with other tests
-    for size in (1, 2, 7, 33, timing.tables.max_batch_size):
-        context = rng.integers(1, 3000, size)
-        steps = int(timing.tables.max_tokens - context.max()) + 5  # runs 5 past the edge
-        stretch = timing.stretch_durations(
-            Stretch(size, int(context.sum()), int(context.max())), steps)
-        assert stretch.size == steps - 5
-        single = [timing.duration(shape(np.ones(size), context + k)) for k in range(stretch.size)]
-        assert stretch.tolist() == single
-    assert timing.out_of_range_batches == counted
-    big = timing.tables.max_batch_size + 1
-    assert timing.stretch_durations(Stretch(big, 10 * big, 10), 4).size == 0
-
-
-@needs_profiles
-@pytest.mark.parametrize("setup", sorted(SETUPS))
-def test_a_chunked_stretch_is_priced_like_its_single_steps_up_to_the_profile_edge(timings,
-                                                                                  setup):
-    timing = timings[setup]
-    rng = np.random.default_rng(4)
-    counted = dict(timing.out_of_range_batches)
-    for decodes, prefills in ((0, 1), (3, 1), (40, 2), (0, 9), (5, 12)):
-        decode_context = rng.integers(1, 2000, decodes)
-        # Chunks of one token included: the predictor prices those as decodes.
-        chunk = rng.choice([1, 7, 32, 100, 257], prefills)
-        chunk_context = rng.integers(0, 2000, prefills)
-        edge = int(((timing.tables.max_tokens - chunk_context) // chunk).min())
-        if decodes:
-            edge = min(edge, int(timing.tables.max_tokens - decode_context.max()))
-        stretch, single = stretch_and_steps(decode_context, chunk, chunk_context, edge + 3)
-        priced = timing.stretch_durations(stretch, edge + 3)
-        assert priced.size == edge  # up to the profile's edge
-        assert priced.tolist() == [timing.duration(s) for s in single[:edge]]
-    assert timing.out_of_range_batches == counted
 
 
 @needs_profiles

@@ -1,240 +1,224 @@
-"""The lookahead memory check shared by every policy that plans with output lengths.
+"""The lookahead memory check shared by FCFS, MC-SF and the Sorted-F family.
 
-Starting the set ``U`` now is feasible iff, for every future completion
-iteration of a request in ``S ∪ U`` (running plus started), the KV held then by
-``S ∪ U`` is at most ``M`` (POLICIES.md, "Lookahead feasibility"). Between
-completions footprints only grow, so the completion iterations are the peaks.
+A set of requests can start now if, assuming every running and newly started request
+advances one token per iteration until its (predicted) completion, the KV they hold never
+exceeds ``M``. Request ``i`` holds ``base_i + t`` slots ``t`` iterations from now while
+``t <= remaining_i`` and nothing afterwards, so the KV only peaks at a checkpoint
+``t = remaining_j`` (the iteration a request completes); with paging, at a checkpoint each
+request's slots are rounded up to whole blocks.
 
-In iterations counted from now (``c = 1`` is the end of the coming
-iteration), request ``j`` holds ``base_j + c`` while ``c <= remaining_j``:
-``base_j = s_j + generated_j`` and ``remaining_j`` is the iterations it still
-needs. Sorting by ``remaining`` descending, the KV at checkpoint
-``remaining[k]`` is ``cumsum(base)[k] + (k + 1) * remaining[k]`` (entries tied
-with ``k`` only add to it), so the whole check is one sort and one cumsum.
+``base`` is a running request's ``prompt_len + generated`` (a request still prefilling in
+chunks counts as if its prompt were in KV: conservative) and a candidate's
+``prefill_len``; ``remaining`` is its (estimated) iterations left, at least one (a request
+that has generated its estimate is assumed to need one more).
 
-With paged memory (``block_size > 1``) a request holding ``h`` slots occupies
-``ceil(h / block_size)`` whole blocks. Footprints still only grow between
-completions, so the checkpoints are the same, but the sum no longer telescopes:
-the check evaluates every checkpoint explicitly (``O(n * checkpoints)``, only in
-that mode).
+The rules are compiled functions (the step loop calls them inside FCFS's and MC-SF's
+decisions); :func:`peak_kv`, :func:`running_profile`, :func:`remaining_iterations` and
+:func:`admissible_prefix` call the same functions from Python for the policies written
+in Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from replay.engine.jit import jit
 from replay.engine.paging import blocks
-from replay.engine.policy import UNTIL_CHANGE, Batch, PolicyView
+from replay.engine.policy import PolicyView
+from replay.engine.sorting import stable_argsort
+
+
+@jit(inline="always")
+def iterations_left(estimate, generated, rid):
+    """Iterations request ``rid`` still needs by ``estimate`` (at least one)."""
+    return max(estimate[rid] - generated[rid], 1)
+
+
+@jit
+def _peak_and_checkpoint(base, remaining, n, order_key):
+    """Token-exact peak KV of ``(base[:n], remaining[:n])`` and a checkpoint where it is
+    reached: checkpoint ``remaining[k]`` holds ``cumsum(base)[k] + (k + 1) * remaining[k]`` in
+    descending ``remaining`` order."""
+    for k in range(n):
+        order_key[k] = -remaining[k]
+    order = stable_argsort(order_key, n)
+    best = 0
+    at = 0
+    cumulative = 0
+    for k in range(n):
+        j = order[k]
+        cumulative += base[j]
+        kv = cumulative + (k + 1) * remaining[j]
+        if kv > best:
+            best, at = kv, remaining[j]
+    return best, at
+
+
+@jit
+def compiled_peak_kv(base, remaining, n, block, order_key):
+    """The largest KV requests ``(base[:n], remaining[:n])`` hold at any future checkpoint,
+    in whole blocks of ``block`` slots (token-exact at 1)."""
+    if n == 0:
+        return 0
+    if block > 1:
+        best = 0
+        for c_i in range(n):
+            c = remaining[c_i]
+            total = 0
+            for j in range(n):
+                if remaining[j] >= c:
+                    total += blocks(base[j] + c, block) * block
+            best = max(best, total)
+        return best
+    return _peak_and_checkpoint(base, remaining, n, order_key)[0]
+
+
+@jit
+def profile_into(ids, n, prompt_len, generated, estimate, base, remaining):
+    """``base`` and ``remaining`` of the running requests ``ids[:n]`` (see the module
+    docstring), written to ``base[:n]``, ``remaining[:n]``; returns their base sum."""
+    total = 0
+    for k in range(n):
+        rid = ids[k]
+        base[k] = prompt_len[rid] + generated[rid]
+        remaining[k] = iterations_left(estimate, generated, rid)
+        total += base[k]
+    return total
+
+
+@jit
+def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held, prompt_len,
+                     prefill_len, generated, estimate, running, n_run, start, base, remaining,
+                     order_key, hint, iteration):
+    """How many of ``candidates[:n_cand]``, walked in order, can start now beside
+    ``running[:n_run]``: the longest prefix that passes the lookahead check (written to
+    ``start``). Feasibility is monotone in the prefix (adding a request never lowers the KV
+    at any checkpoint), so the answer is found by galloping then bisection.
+
+    ``check_held``: first test the KV held now (``kv_held``), a lower bound of the running
+    set's KV at the first checkpoint (each holds at most ``s + generated`` slots and grows by
+    one): when the first candidate cannot join even that, no prefix can. ``hint[0]`` is an
+    absolute iteration where the first candidate's check last failed (token-exact, speed
+    only): a decoding request's KV at a fixed future iteration does not move, so the KV
+    there, a lower bound of the peak, usually still rules the candidate out."""
+    if n_cand == 0:
+        return 0
+    if check_held and kv_held + n_run + prefill_len[candidates[0]] + 1 > kv_capacity:
+        return 0
+    first = profile_into(running, n_run, prompt_len, generated, estimate, base, remaining)
+    first += n_run
+    budget = kv_capacity
+    # A candidate holds at least two slots after its first iteration (a prompt token and the
+    # token it emits), so at most (budget - first) // 2 can start.
+    limit = min(n_cand, max(0, (budget - first) // 2) + 1)
+    rid = candidates[0]
+    base[n_run] = prefill_len[rid]
+    remaining[n_run] = iterations_left(estimate, generated, rid)
+    if block > 1 or n_run == 0:
+        if compiled_peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
+            return 0
+    else:
+        checkpoint = hint[0] - iteration
+        if checkpoint > 1:  # checkpoint 1 is what the held-KV test rules out
+            excess = -budget
+            for k in range(n_run):
+                if remaining[k] >= checkpoint:
+                    excess += base[k] + checkpoint
+            if checkpoint <= remaining[n_run]:
+                excess += base[n_run] + checkpoint
+            if excess > 0:
+                return 0
+        peak, at = _peak_and_checkpoint(base, remaining, n_run + 1, order_key)
+        if peak > budget:
+            hint[0] = iteration + at
+            return 0
+    # The first one fits; a necessary condition at the first checkpoint bounds the prefix
+    # (only the candidates within it are needed).
+    upper = 0
+    total = 0
+    for k in range(limit):
+        rid = candidates[k]
+        total += prefill_len[rid] + 1
+        if total > budget - first:
+            break
+        base[n_run + k] = prefill_len[rid]
+        remaining[n_run + k] = iterations_left(estimate, generated, rid)
+        upper += 1
+    if upper > 1 and compiled_peak_kv(base, remaining, n_run + upper, block, order_key) > budget:
+        good, bad = 1, 2
+        while bad < upper and compiled_peak_kv(base, remaining, n_run + bad, block,
+                                               order_key) <= budget:
+            good, bad = bad, min(2 * bad, upper)
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if compiled_peak_kv(base, remaining, n_run + mid, block, order_key) <= budget:
+                good = mid
+            else:
+                bad = mid
+        upper = good
+    for k in range(upper):
+        start[k] = candidates[k]
+    return upper
+
+
+@jit
+def start_admissible(s, rule, candidates, n_cand):
+    """The decision of a policy that walks ``candidates[:n_cand]`` and starts what the
+    lookahead admits (``rule.ints[0]`` keeps its hint). With nothing to start because
+    nothing waits or the first candidate cannot join the KV held now, that stays so until
+    a request arrives or completes: the decision promises it (``steady``)."""
+    s.n_start = admissible_count(
+        candidates, n_cand, s.capacity, s.block, s.kv_held, True, s.prompt_len, s.prefill_len,
+        s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch, s.scratch2,
+        s.scratch3, rule.ints[0:1], s.iteration)
+    if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + s.prefill_len[candidates[0]]
+                           + 1 > s.capacity):
+        s.steady = 2 ** 62
+    return 0
+
+
+# ------------------------------------------------------------ the same rules from Python
+def _ids(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int:
-    """Largest KV held at any future completion iteration by requests ``(base, remaining)``."""
-    if base.size == 0:
-        return 0
-    if block_size > 1:
-        checkpoints = np.unique(remaining)[:, None]
-        held = base[None, :] + checkpoints
-        slots = blocks(held, block_size) * block_size
-        return int(np.where(remaining[None, :] >= checkpoints, slots, 0).sum(axis=1).max())
-    order = np.argsort(-remaining, kind="stable")
-    return int((np.cumsum(base[order]) + np.arange(1, base.size + 1) * remaining[order]).max())
-
-
-def _peak_with_one_more(base: np.ndarray, remaining: np.ndarray, new_base: int,
-                        new_remaining: int) -> tuple[int, int]:
-    """``peak_kv`` of ``(base, remaining)`` plus one request ``(new_base, new_remaining)``
-    (token-exact, ``base`` not empty), and the checkpoint where it is reached, without
-    building the joined arrays.
-
-    In the descending order the newcomer goes after the ties of its ``remaining``: it
-    adds ``new_base + c`` at every checkpoint ``c <= new_remaining`` and its own
-    checkpoint holds everything still there then (ties counted at the newcomer's own).
-    """
-    order = np.argsort(-remaining, kind="stable")
-    remaining = remaining[order]
-    cumulative = np.cumsum(base[order])
-    at_checkpoints = cumulative + np.arange(1, base.size + 1) * remaining
-    joined = np.where(remaining <= new_remaining, at_checkpoints + new_base + remaining,
-                      at_checkpoints)
-    staying = int(np.count_nonzero(remaining >= new_remaining))
-    own = (int(cumulative[staying - 1]) if staying else 0) + (staying + 1) * new_remaining \
-        + new_base
-    highest = int(joined.argmax())
-    if own >= joined[highest]:
-        return own, new_remaining
-    return int(joined[highest]), int(remaining[highest])
-
-
-def kv_at(base: np.ndarray, remaining: np.ndarray, checkpoint: int) -> int:
-    """KV held ``checkpoint`` iterations from now by requests ``(base, remaining)``
-    (token-exact): a lower bound of their ``peak_kv`` at any ``checkpoint >= 1``, because
-    the same requests are still there at the next completion and hold more by then."""
-    alive = remaining >= checkpoint
-    return int(base[alive].sum()) + checkpoint * int(np.count_nonzero(alive))
-
-
-@dataclass
-class PeakHint:
-    """Where a policy's last rejected lookahead check peaked, as an absolute iteration.
-
-    A policy keeps one across steps. A decoding request's KV at a fixed future
-    iteration does not move (each step it holds one more slot and that iteration
-    comes one step nearer), and a request that completes on time never counted
-    there, so the iteration that overflowed at the last step usually still
-    overflows. The KV there is a lower bound of the peak (:func:`kv_at`, one
-    masked sum), and when it already exceeds ``M`` the full check is skipped: the
-    answer is the same with any hint, only the speed depends on it.
-    """
-
-    iteration: int = -1
+    """The largest KV requests ``(base, remaining)`` hold at any future checkpoint (see the
+    module docstring)."""
+    base, remaining = _ids(base), _ids(remaining)
+    return int(compiled_peak_kv(base, remaining, base.size, block_size,
+                                np.empty(base.size, dtype=np.int64)))
 
 
 def remaining_iterations(view: PolicyView, ids: np.ndarray, estimate: np.ndarray) -> np.ndarray:
-    """Iterations requests ``ids`` still need by ``estimate`` (at least one: a request that
-    has generated its estimate is assumed to need one more)."""
-    return np.maximum(estimate[ids] - view.generated[ids], 1)
+    """Iterations requests ``ids`` still need by ``estimate`` (at least one each)."""
+    return np.maximum(_ids(estimate)[ids] - view.generated[ids], 1)
 
 
 def running_profile(view: PolicyView, estimate: np.ndarray | None = None,
                     running: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(base, remaining)`` of the running set, assuming every running request advances.
-
-    ``estimate`` replaces the view's ``predicted_output``; a request that has
-    already generated its estimate is assumed to need one more iteration. A
-    request still prefilling in chunks is counted as if its prompt were in KV
-    (conservative). ``running`` replaces the view's running set (a policy that
-    evicts some first).
-    """
-    run = view.running if running is None else running
-    est = view.predicted_output if estimate is None else estimate
-    generated = view.generated[run]
-    return view.prompt_len[run] + generated, remaining_iterations(view, run, est)
-
-
-def first_cannot_join(view: PolicyView, candidates: np.ndarray) -> bool:
-    """True if the first of ``candidates`` cannot start even beside the running set's KV now.
-
-    What the running set holds now is a lower bound of its KV at the first
-    checkpoint (each holds at most ``s + generated`` slots, and grows by one),
-    so then no prefix can start. While the running set only decodes (no
-    arrival, start or completion) its KV only grows, so the answer stays true:
-    a policy that starts nothing for this reason may promise ``UNTIL_CHANGE``
-    (``Batch.steady_steps``).
-    """
-    return (view.kv_held + view.running.size + int(view.prefill_len[candidates[0]]) + 1
-            > view.kv_capacity)
+    """``(base, remaining)`` of the running set (or of ``running``), planned with ``estimate``
+    (default: the view's ``predicted_output``)."""
+    run = _ids(view.running if running is None else running)
+    base, remaining = np.empty(run.size, dtype=np.int64), np.empty(run.size, dtype=np.int64)
+    profile_into(run, run.size, _ids(view.prompt_len), _ids(view.generated),
+                 _ids(view.predicted_output if estimate is None else estimate), base, remaining)
+    return base, remaining
 
 
 def admissible_prefix(view: PolicyView, candidates: np.ndarray,
                       estimate: np.ndarray | None = None, running: np.ndarray | None = None
                       ) -> int:
-    """Length of the longest prefix of ``candidates`` that can start now.
-
-    Feasibility is monotone in the prefix (adding a request never lowers the
-    KV at any checkpoint), so "walk the list and stop at the first failure"
-    equals "the longest feasible prefix", found by galloping then bisection:
-    ``O(log k)`` vectorised checks for an answer ``k``.
-    """
-    if candidates.size == 0 or (running is None and first_cannot_join(view, candidates)):
-        return 0
-    est = view.predicted_output if estimate is None else estimate
-    run_base, run_rem = running_profile(view, est, running)
-    if _first_rejection(view, run_base, run_rem, int(candidates[0]), est) is not None:
-        return 0
-    return _prefix_after_first(view, candidates, run_base, run_rem, est)
-
-
-def start_admissible(view: PolicyView, candidates: np.ndarray,
-                     hint: PeakHint | None = None) -> Batch:
-    """The batch of a policy that walks ``candidates`` and starts what the lookahead admits
-    (``hint``: the policy's :class:`PeakHint`, for speed only).
-
-    When nothing waits, or the first candidate cannot join (:func:`first_cannot_join`),
-    that stays so until a request arrives or completes. When the first candidate fails
-    the full check, that stays so for as many steps as :func:`_first_rejection` can
-    prove. Either way the batch says so in ``steady_steps``.
-    """
-    if candidates.size == 0 or first_cannot_join(view, candidates):
-        return Batch(steady_steps=UNTIL_CHANGE)
-    run_base, run_rem = running_profile(view)
-    est = view.predicted_output
-    rejected_for = _first_rejection(view, run_base, run_rem, int(candidates[0]), est, hint)
-    if rejected_for is not None:
-        return Batch(steady_steps=rejected_for)
-    return Batch(start=candidates[: _prefix_after_first(view, candidates, run_base, run_rem,
-                                                        est)])
-
-
-def _first_rejection(view: PolicyView, run_base: np.ndarray, run_rem: np.ndarray,
-                     first_id: int, estimate: np.ndarray, hint: PeakHint | None = None
-                     ) -> int | None:
-    """``None`` if candidate ``first_id`` can start beside the running set
-    ``(run_base, run_rem)``; otherwise for how many following steps it provably still
-    cannot, while the running set only decodes (no arrival, start or completion).
-
-    Token-exact, that count comes from a checkpoint ``c`` where the joined KV exceeds
-    ``M`` by ``excess``: there the running set's KV stays put (see :class:`PeakHint`)
-    and the candidate, starting a step later, holds one slot less (or is not there
-    yet, and holds more when it is), so the KV there drops by at most one per step.
-    It stays above ``M`` for ``excess - 1`` more steps, while ``c`` is still ahead.
-    """
-    new_base = int(view.prefill_len[first_id])
-    # remaining_iterations for one request, without the arrays.
-    new_remaining = max(int(estimate[first_id]) - int(view.generated[first_id]), 1)
-    budget = view.kv_capacity
-    if view.kv_block_size > 1 or run_base.size == 0:
-        peak = peak_kv(np.append(run_base, new_base), np.append(run_rem, new_remaining),
-                       view.kv_block_size)
-        return None if peak <= budget else 0
-    if hint is not None:
-        checkpoint = hint.iteration - view.iteration
-        # Checkpoint 1 is what first_cannot_join has already ruled out.
-        if checkpoint > 1:
-            excess = kv_at(run_base, run_rem, checkpoint) - budget + (
-                new_base + checkpoint if checkpoint <= new_remaining else 0)
-            if excess > 0:
-                return min(excess, checkpoint) - 1
-    peak, checkpoint = _peak_with_one_more(run_base, run_rem, new_base, new_remaining)
-    if peak <= budget:
-        return None
-    if hint is not None:
-        hint.iteration = view.iteration + checkpoint
-    return min(peak - budget, checkpoint) - 1
-
-
-def _prefix_after_first(view: PolicyView, candidates: np.ndarray, run_base: np.ndarray,
-                        run_rem: np.ndarray, estimate: np.ndarray) -> int:
-    """:func:`admissible_prefix` once its first candidate is known to fit."""
-    budget = view.kv_capacity
-    first = int(run_base.sum()) + run_base.size
-    # A candidate holds at least two slots after its first iteration (a prompt token and
-    # the token it emits), so at most (budget - first) // 2 can start: only that many of a
-    # long queue need looking at.
-    candidates = candidates[: max(0, (budget - first) // 2) + 1]
-    # A waiting request that kept tokens (recompute preemption) re-prefills them.
-    cand_base = view.prefill_len[candidates]
-    cand_rem = remaining_iterations(view, candidates, estimate)
-    # Necessary condition at the first checkpoint bounds the prefix length.
-    upper = int(np.searchsorted(np.cumsum(cand_base + 1), budget - first, side="right"))
-    if upper <= 1:
-        return upper
-
-    def fits(k: int) -> bool:
-        base = np.concatenate((run_base, cand_base[:k]))
-        rem = np.concatenate((run_rem, cand_rem[:k]))
-        return peak_kv(base, rem, view.kv_block_size) <= budget
-
-    if fits(upper):
-        return upper
-    good, bad = 1, 2
-    while bad < upper and fits(bad):
-        good, bad = bad, min(2 * bad, upper)
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    """Length of the longest prefix of ``candidates`` that can start now beside the running
+    set (or beside ``running``: a policy that evicts some first), planned with ``estimate``
+    (default: the view's ``predicted_output``)."""
+    candidates = _ids(candidates)
+    run = _ids(view.running if running is None else running)
+    size = run.size + candidates.size + 1
+    return int(admissible_count(
+        candidates, candidates.size, view.kv_capacity, view.kv_block_size, view.kv_held,
+        running is None, _ids(view.prompt_len), _ids(view.prefill_len), _ids(view.generated),
+        _ids(view.predicted_output if estimate is None else estimate), run, run.size,
+        np.empty(max(candidates.size, 1), dtype=np.int64), *(np.empty(size, dtype=np.int64)
+                                                            for _ in range(3)),
+        np.full(1, -1, dtype=np.int64), view.iteration))

@@ -4,27 +4,30 @@ and the checks of their limits.
 
 from __future__ import annotations
 
-import numpy as np
-
+from replay.engine.jit import jit
+from replay.engine.sorting import stable_argsort
 from replay.errors import ConfigError
 
 
-def preempt_latest_until_fit(ids: np.ndarray, blocks_after: np.ndarray,
-                             capacity_blocks: int) -> np.ndarray | None:
-    """Which of ``ids`` to keep so that their ``blocks_after`` fit ``capacity_blocks``.
-
-    vLLM's FCFS priority: the request that arrived last (largest engine id) is
-    preempted first. Returns a boolean mask over ``ids`` (True = kept), or ``None``
-    when they all fit (most steps: the callers then skip every masking).
-    """
-    excess = int(blocks_after.sum()) - capacity_blocks
+@jit
+def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
+    """Which of ``ids[:n]`` to preempt so that the others' ``blocks_after`` fit
+    ``capacity_blocks``, in vLLM's FCFS priority: the request that arrived last (largest
+    engine id) goes first. Returns the smallest id preempted (every id at or above it goes),
+    or -1 when they all fit (most steps)."""
+    total = 0
+    for k in range(n):
+        total += blocks_after[k]
+    excess = total - capacity_blocks
     if excess <= 0:
-        return None
-    keep = np.ones(ids.size, dtype=bool)
-    latest_first = np.argsort(ids, kind="stable")[::-1]
-    freed = np.cumsum(blocks_after[latest_first])
-    keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
-    return keep
+        return -1
+    order = stable_argsort(ids, n)
+    freed = 0
+    for k in range(n - 1, -1, -1):
+        freed += blocks_after[order[k]]
+        if freed >= excess:
+            return ids[order[k]]
+    return ids[order[0]]
 
 
 def check_serving_limits(**limits) -> None:

@@ -1,27 +1,60 @@
-"""Stage-wise selection shared by the threshold policies (WAIT, Nested WAIT).
+"""What the threshold policies (WAIT, Nested WAIT) share: the running set in id order, kept
+across steps, and "the first ``n`` of each group" over it.
 
-Both take "the ``n`` oldest requests at every stage" of some group of requests;
-this is that operation, vectorised: one stable sort of the group keys.
+Both take "the ``n`` oldest requests at every stage" of some group of running requests.
+Engine ids are arrival order, so the oldest are the smallest ids: walking the running set
+in ascending id answers it in one pass. Sorting hundreds of running ids at every step would
+cost more than the decision itself, so the policy keeps the set sorted as requests start and
+leave.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from replay.engine.jit import jit
+from replay.engine.sorting import stable_argsort
+from replay.engine.state import RUNNING
 
 
-def first_per_group(keys: np.ndarray, limits: np.ndarray) -> np.ndarray:
-    """Mask of the first ``limits[i]`` elements of each key, in input order.
+@jit
+def running_by_id(s, by_id, length):
+    """``by_id[:length]``, the running set in ascending id as this policy kept it, brought up
+    to date: the requests started since the last decision merged in, those no longer running
+    (completed or evicted) dropped. Returns the new length."""
+    started, k, scratch = s.started, s.n_started, s.scratch3
+    for i in range(k):  # insertion sort: a step starts a few requests
+        item = started[i]
+        j = i
+        while j > 0 and scratch[j - 1] > item:
+            scratch[j] = scratch[j - 1]
+            j -= 1
+        scratch[j] = item
+    a, b, out = length - 1, k - 1, length + k - 1
+    while b >= 0:  # merge from the back, in place: what is above every new id stays put
+        if a >= 0 and by_id[a] > scratch[b]:
+            by_id[out] = by_id[a]
+            a -= 1
+        else:
+            by_id[out] = scratch[b]
+            b -= 1
+        out -= 1
+    status = s.status
+    kept = 0
+    for i in range(length + k):
+        if status[by_id[i]] == RUNNING:
+            by_id[kept] = by_id[i]
+            kept += 1
+    return kept
 
-    ``keys[i]`` names element ``i``'s group and ``limits[i]`` the number kept from
-    that group (the same for every element of a group); earlier elements win.
-    """
-    if keys.size == 0:
-        return np.zeros(0, dtype=bool)
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    new_group = np.ones(keys.size, dtype=bool)
-    new_group[1:] = ordered[1:] != ordered[:-1]
-    starts = np.flatnonzero(new_group)
-    rank = np.empty(keys.size, dtype=np.int64)
-    rank[order] = np.arange(keys.size) - np.repeat(starts, np.diff(np.append(starts, keys.size)))
-    return rank < limits
+
+@jit
+def first_per_group(keys, limits, n, keep):
+    """``keep[k]``: element ``k`` of ``keys[:n]`` is among the first ``limits[k]`` of its key,
+    in input order (``limits`` is the same for every element of a key)."""
+    order = stable_argsort(keys, n)
+    rank = 0
+    for i in range(n):
+        j = order[i]
+        if i > 0 and keys[j] != keys[order[i - 1]]:
+            rank = 0
+        keep[j] = rank < limits[j]
+        rank += 1

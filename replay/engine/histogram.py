@@ -6,13 +6,12 @@ values are buffered and folded into bins of constant relative width. Quantiles
 are then exact to within one bin (``resolution``, 0.1 % by default); the count,
 sum, minimum and maximum are exact.
 
-Folding is one rule, :func:`fold_values`, shared by the Python engine and the compiled step
-loop (which calls it inside its loop instead of handing full buffers back to Python): both
-paths give bit-identical histograms because they run the same function, not two versions
-of it that must agree to the last bit (numpy's SIMD ``log`` and the C library's ``log``
-that compiled code calls differ in the last bit for about 3 values in 10,000). It is
-compiled with numba where numba imports; elsewhere it is numpy's vectorized equivalent,
-which only a machine without numba uses.
+Folding is one rule, :func:`fold_values`, compiled, which the step loop calls inside its
+loop on this histogram's own arrays and which :meth:`LogHistogram.add` calls for values
+added from Python: a value lands in the same bin either way. (numpy's SIMD ``log`` and
+the C library's ``log`` that compiled code calls differ in the last bit for about 3
+values in 10,000, enough to move a value across a bin edge now and then, so there must
+not be a second, vectorized version of the rule.)
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ import math
 
 import numpy as np
 
-from replay.engine.numeric import jit, pairwise_sum
+from replay.engine.jit import jit
+from replay.engine.numeric import pairwise_sum
 
 
 def _fold_values(values, k, counts, log_lo, log_ratio):
@@ -47,20 +47,8 @@ def _fold_values(values, k, counts, log_lo, log_ratio):
     return pairwise_sum(values[:k]), largest
 
 
-def _fold_values_numpy(values, k, counts, log_lo, log_ratio):
-    """``_fold_values`` without numba (numpy's ufuncs, whose ``log`` may differ from the C
-    library's in the last bit: bins can differ from a numba machine's at their edges)."""
-    index = np.log(values[:k])
-    index -= log_lo
-    index /= log_ratio
-    np.floor(index, out=index)
-    np.clip(index, 0, counts.size - 1, out=index)
-    counts += np.bincount(index.astype(np.int64), minlength=counts.size)
-    return float(values[:k].sum()), float(values[:k].max())
-
-
 #: The fold rule (see the module docstring).
-fold_values = jit(_fold_values) or _fold_values_numpy
+fold_values = jit(_fold_values)
 
 
 class LogHistogram:

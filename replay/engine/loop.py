@@ -1,765 +1,469 @@
-"""The iteration-level replay engine (MODEL.md §3): one engine for every policy and backend.
+"""The iteration-level replay engine (see docs/model.md): one compiled step loop for every
+policy, overflow rule and timing backend.
 
-The engine owns the clock, the arrival stream, KV accounting, evictions,
-completions and metrics. At every step it releases arrivals, asks the policy
-for a :class:`~replay.engine.policy.Batch`, checks the KV the batch would hold after
-the iteration against ``M`` (applying the policy's overflow rule and charging
-the failed attempt if it does not fit), prices the iteration with the timing
-backend, and advances every request in the batch.
+The engine owns the clock, the arrival stream, KV accounting, evictions, completions and
+metrics. At every step it releases arrivals, asks the policy for a batch, prices the
+iteration with the timing backend, checks the KV the batch would hold after the iteration
+against ``M`` (applying the policy's overflow rule and charging the failed attempt if it
+does not fit), and advances every request in the batch. The phases are written once, in
+:mod:`replay.engine.phases`; :func:`run_steps` runs them in order, calling the policy's
+decision, the overflow rule and the timing backend's price through function pointers
+(:mod:`replay.engine.rules`: compiled rules directly, Python ones through a bridge).
 
-Two semantics are options (MODEL.md §3.4), both recorded in every summary:
+Two semantics are options, both recorded in every summary:
 
-* ``preemption``: what an evicted or preempted request keeps. ``restart`` (the
-  papers' model): nothing; it prefills its prompt again. ``recompute``
-  (vLLM's): the tokens it emitted; readmitted, it prefills ``s + generated``
-  tokens in one attempt (chunkable), the last prefill iteration emits its next
-  token, and it continues. Its first-token time and token gaps carry over.
-* ``requeue``: where it re-enters the waiting queue. ``front``: at its original
-  arrival position; ``back``: behind everything waiting, as if newly arrived.
-  The queue order is a per-request key assigned when a request enters the
-  queue (arrival, or ``back`` requeue); the view's ``waiting`` is in key order.
+* ``preemption``: what an evicted or preempted request keeps. ``restart`` (the papers'
+  model): nothing; it prefills its prompt again. ``recompute`` (vLLM's): the tokens it
+  emitted; readmitted, it prefills ``s + generated`` tokens in one attempt (chunkable), the
+  last prefill iteration emits its next token, and it continues. Its first-token time and
+  token gaps carry over.
+* ``requeue``: where it re-enters the waiting queue. ``front``: at its original arrival
+  position; ``back``: behind everything waiting, as if newly arrived. The queue order is a
+  per-request key assigned when a request enters the queue (arrival, or ``back`` requeue);
+  the view's ``waiting`` is in key order.
 
-``max_running`` (optional) caps the running set for every policy: admissions
-beyond it are cut, keeping the first ones of the policy's list (a prefix keeps
-a lookahead-feasible set feasible). ``max_starts_per_round`` (optional, a
-diagnostic) cuts each step's admissions to that many the same way: at 1 it is
-the "one start per round" setup that the Sorted-F paper's Table 4 totals imply
-(EXPERIMENTS.md C1). A cut admission's prefill chunk is dropped with it.
+``max_running`` (optional) caps the running set for every policy: admissions beyond it are
+cut, keeping the first ones of the policy's list (a prefix keeps a lookahead-feasible set
+feasible). ``max_starts_per_round`` (optional, a diagnostic) cuts each step's admissions to
+that many the same way. A cut admission's prefill chunk is dropped with it.
 
-State is a struct of numpy arrays indexed by *engine id* (arrival order, ties by
-workload position), so each step costs a handful of vectorised operations over
-the batch and the waiting queue, never over the whole trace.
+State is a record of arrays indexed by *engine id* (arrival order, ties by workload
+position; :mod:`replay.engine.state`), so a step costs work in the batch and the queue
+head, never in the whole trace.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from numba.core import types
 from tqdm.auto import tqdm
 
+from replay.engine import jit as compiling
 from replay.engine.histogram import LogHistogram
-from replay.engine.iteration_log import IterationLog
+from replay.engine.jit import jit
 from replay.engine.kv import KVCapacity
-from replay.engine.paging import BlockGrowth, blocks
-from replay.engine.policy import Batch, Policy, PolicyView
+from replay.engine.phases import (
+    COMPLETED,
+    LIVELOCK,
+    STALLED,
+    STEP_LIMIT,
+    apply_decision,
+    clear_chunks,
+    execute,
+    fail_attempt,
+    price,
+    release_arrivals,
+    run_stretch,
+    stop_reason,
+)
+from replay.engine.policy import Policy, RunSetup
 from replay.engine.requests import Requests
-from replay.engine.waiting import WaitingQueue
-from replay.timing.base import BatchShape, Stretch, TimingBackend
-from replay.validate import check_value
+from replay.engine.results import RunResult, iteration_frame
+from replay.engine.rules import (
+    CompiledOverflow,
+    CompiledTiming,
+    DecisionError,
+    EngineArrays,
+    PythonOverflow,
+    PythonPolicy,
+    PythonTiming,
+    decide_in_python,
+    evict_in_python,
+    is_compiled,
+    is_compiled_policy,
+    new_rule_state,
+    new_timing_state,
+    no_decode_price,
+    price_in_python,
+    register,
+    release,
+)
+from replay.engine.state import (
+    DECIDE,
+    DONE,
+    ENGINE_STATE,
+    EVICT,
+    PRICE,
+    PRICE_DECODES,
+    RULE_STATE,
+    TIMING_STATE,
+    new_engine_state,
+    state_array_names,
+)
+from replay.engine.timing import BatchShape, TimingBackend
+from replay.params import check, check_params
 
-FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
-#: A long replay logs where it is at most this often (wall seconds), checked every 4,096 steps.
+__all__ = ["DecisionError", "Engine", "EngineOptions", "RunResult", "default_livelock_window"]
+
+#: A long replay logs where it is at most this often (wall seconds).
 HEARTBEAT_S = 30.0
+#: The step loop hands back to Python after this many steps (progress, heartbeat, Ctrl-C).
+YIELD_STEPS = 1 << 16
+EXIT_DONE, EXIT_YIELD, EXIT_POLICY_ERROR, EXIT_PRICE_ERROR = range(4)
+_STATUS = {COMPLETED: "completed", LIVELOCK: "livelock", STALLED: "stalled",
+           STEP_LIMIT: "step_limit"}
+_INITIAL_LOG_ROWS = 1 << 12
+#: The per-request and buffer arrays the engine makes and hands to its state record.
+STATE_ARRAYS = state_array_names()
 log = logging.getLogger(__name__)
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 
-class DecisionError(RuntimeError):
-    """A policy returned a decision the engine cannot carry out (a policy bug)."""
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine's options (``engine.*`` in the config), with their types and ranges."""
 
-
-@dataclass
-class RunResult:
-    """Everything a replay produced.
-
-    ``status`` is ``"completed"``, ``"livelock"`` (no completion within
-    ``livelock_window`` steps while work remained), ``"stalled"`` (the policy
-    scheduled nothing although work remained and no arrival was left) or
-    ``"step_limit"``. Tables hold the metrics up to the end of the run.
-    ``decision_time_s`` is the wall time spent inside the policy's ``decide``,
-    ``timing_time_s`` inside the timing backend and ``loop_time_s`` in the whole
-    step loop (so the engine's own share is the difference).
-    ``token_gaps`` is the distribution of every time-between-tokens gap the
-    engine executed (see :class:`replay.engine.histogram.LogHistogram`).
-    """
-
-    status: str
-    message: str
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    kv: KVCapacity
-    livelock_window: int
-    decision_time_s: float
-    preemption: str
-    requeue: str
-    token_gaps: LogHistogram
-    policy_info: dict | None = None  # what the policy derived (thresholds...), if it says
-    fluid: dict | None = None  # the fluid benchmark of a typed workload (replay.run)
-    timing_time_s: float = 0.0
-    loop_time_s: float = 0.0
-    decisions: int = 0  # calls of ``decide``; fewer than steps where stretches were fast-forwarded
-    #: Which step loop ran: ``{"path": "python" | "compiled"}``, with the ``reason`` the
-    #: compiled one did not (set by :mod:`replay.run`).
-    engine_path: dict | None = None
-
-
-@dataclass(slots=True)
-class _Step:
-    """One step as the phases hand it on: the policy's decision, validated and capped
-    (:meth:`Engine._decide`), then its shape, price and KV peak (:meth:`Engine._price`)."""
-
-    batch: Batch
-    members: np.ndarray  # advancing requests, then admissions
-    start: np.ndarray  # admissions after the engine's caps
-    started_all: bool  # no admission was cut
-    chunks: Mapping[int, int] | None  # the policy's prefill chunks, less cut admissions'
-    n_evicted: int  # preempted by the policy (and, on overflow, evicted by its rule)
-    chunk: np.ndarray | None = None  # prompt tokens each member processes
-    prefill_total: int = 0
-    emits: np.ndarray | None = None  # None: decode only, every member emits
-    gain: np.ndarray | int = 1  # slots each member gains
-    gain_total: int = 0
-    n_decode: int = 0
-    duration: float = 0.0
-    kv_peak: int = 0
-    new_blocks: int = 0  # with paging
-    finished: int = 0  # completions, once executed
-    emitters: int = 0  # members that emitted a token, once executed
-
-
-def _whole(value) -> bool:
-    """A request id or token count: an integer, not a bool or a float that would be
-    truncated."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
-def _sealed(a: np.ndarray) -> np.ndarray:
-    """``a`` itself, made read-only: for arrays the engine replaces and never writes to."""
-    a.flags.writeable = False
-    return a
+    livelock_window: int | None = field(default=None, metadata=check(ge=1))
+    max_steps: int | None = field(default=None, metadata=check(ge=1))
+    validate_decisions: bool = True
+    preemption: Literal["restart", "recompute"] = "restart"
+    requeue: Literal["front", "back"] = "front"
+    max_running: int | None = field(default=None, metadata=check(ge=1))
+    max_starts_per_round: int | None = field(default=None, metadata=check(ge=1))
+    fast_forward: bool = True
 
 
 def default_livelock_window(requests: Requests) -> int:
     """Steps without a completion after which a run is declared livelocked.
 
     A policy that keeps advancing what it started completes some request within
-    ``max(s_i + o_i)`` iterations (even at one prompt token per chunk), so four
-    times that, plus slack for arrivals and failed attempts, only trips on
-    cycles.
+    ``max(s_i + o_i)`` iterations (even at one prompt token per chunk), so four times that,
+    plus slack for arrivals and failed attempts, only trips on cycles.
     """
     return 4 * int((requests.prompt_len + requests.output_len).max(initial=1)) + 100
 
 
+# --------------------------------------------------------------------------- the loop
+@jit
+def run_steps(s, policy, decide, overflow, evict_victims, timing, price_batch, price_decodes):
+    """Run steps until the run ends (:data:`EXIT_DONE`; ``s.outcome`` says how), until
+    ``s.yield_steps`` more steps have run (:data:`EXIT_YIELD`), or until the policy reports
+    an error (:data:`EXIT_POLICY_ERROR`) or the timing backend refuses a batch
+    (:data:`EXIT_PRICE_ERROR`). Every call resumes at a step boundary."""
+    steps_at_call = s.steps
+    while s.completed < s.n:
+        if s.steps - steps_at_call >= s.yield_steps:
+            return EXIT_YIELD
+        release_arrivals(s)
+        if s.qtail == s.qhead and s.n_run == 0:
+            s.now = s.next_arrival
+            continue
+        outcome = stop_reason(s)
+        if outcome:
+            s.outcome = outcome
+            return EXIT_DONE
+        s.n_start, s.n_advance, s.n_preempt, s.steady = 0, -1, 0, 0  # decide writes its own
+        error = decide(s, policy)
+        if error:
+            s.error_code = error
+            return EXIT_POLICY_ERROR
+        s.decisions += 1
+        s.n_joined = 0
+        s.n_started = 0
+        n_evicted, started_all = apply_decision(s)
+        if s.m == 0:
+            clear_chunks(s)
+            if s.next_arrival < np.inf:
+                s.now = s.next_arrival
+                continue
+            s.outcome = STALLED
+            return EXIT_DONE
+        duration, kv_peak, prefill_total, n_decode, decode_only, gain_total, new_blocks = price(
+            s, timing, price_batch, price_decodes)
+        if np.isnan(duration):
+            return EXIT_PRICE_ERROR
+        s.steps += 1
+        if kv_peak > s.capacity:
+            fail_attempt(s, overflow, evict_victims, duration, kv_peak, prefill_total, n_decode,
+                         decode_only, n_evicted)
+            clear_chunks(s)
+            continue
+        n_finished, emitters = execute(s, duration, kv_peak, prefill_total, n_decode,
+                                       decode_only, gain_total, new_blocks, n_evicted)
+        if (s.steady > 0 and s.fast_forward and started_all and n_evicted == 0
+                and n_finished == 0 and emitters == n_decode):
+            run_stretch(s, timing, price_batch, price_decodes, s.steady, decode_only)
+        clear_chunks(s)
+    s.outcome = COMPLETED
+    return EXIT_DONE
+
+
+#: The loop's one signature: every rule arrives as a typed function pointer.
+RUN_STEPS_SIGNATURE = types.int64(ENGINE_STATE, RULE_STATE, DECIDE, RULE_STATE, EVICT,
+                                  TIMING_STATE, PRICE, PRICE_DECODES)
+
+
+@jit
+def _outcome(s):
+    return (s.outcome, s.now, s.completed, s.steps, s.idle_steps, s.iteration, s.decisions,
+            s.kv_held, s.blocks_held, s.n_log, s.gap_filled, s.gap_count, s.gap_total,
+            s.gap_max, s.error_code, s.error_arg, s.m, s.qhead, s.qtail, s.n_run, s.next_key,
+            s.next_arrival)
+
+
+@jit
+def _log_arrays(s):
+    return s.log_times, s.log_ints, s.log_failed
+
+
+_OUTCOME = ("outcome", "now", "completed", "steps", "idle_steps", "iteration", "decisions",
+            "kv_held", "blocks_held", "n_log", "gap_filled", "gap_count", "gap_total",
+            "gap_max", "error_code", "error_arg", "m", "qhead", "qtail", "n_run", "next_key",
+            "next_arrival")
+
+
+def _outcome_of(state) -> dict:
+    return dict(zip(_OUTCOME, _outcome(state), strict=True))
+
+
+_ready: set = set()
+
+
+def ensure_compiled(rules) -> float:
+    """Compile the step loop and ``rules`` (pairs of a rule's function and its function
+    pointer type) for the loop's signature, or load them from the disk cache, where this
+    process has not yet; returns the seconds that took. When anything had to be compiled
+    (the first run on a machine, or after an edit of compiled code), one line says so."""
+    wanted = [(run_steps, RUN_STEPS_SIGNATURE)] + [(f, kind.signature) for f, kind in rules]
+    missing = [(f, signature) for f, signature in wanted if f not in _ready]
+    if not missing:
+        return 0.0
+    started = time.perf_counter()
+    with compiling.compile_lock():
+        for function, signature in missing:
+            function.compile(signature)
+    # The loop runs only as compiled for function pointers: called with a rule's dispatcher,
+    # numba would otherwise compile a copy specialised to that rule.
+    run_steps.disable_compile()
+    seconds = time.perf_counter() - started
+    functions = [f for f, _ in missing]
+    if compiling.compiled_from_scratch(functions):
+        log.warning("kvsched: compiled %s in %.1f s, once: later runs load them from the "
+                    "disk cache (%s)", ", ".join(f.__name__ for f in functions), seconds,
+                    compiling.CACHE_DIR)
+    _ready.update(functions)
+    return seconds
+
+
+# --------------------------------------------------------------------------- the engine
 class Engine:
     """Replays ``requests`` under ``policy``; construct once per run, then :meth:`run`."""
 
     def __init__(self, requests: Requests, policy: Policy, timing: TimingBackend,
-                 kv: KVCapacity, seed: int = 0, livelock_window: int | None = None,
-                 max_steps: int | None = None, progress: bool = False,
-                 validate_decisions: bool = True, preemption: str = "restart",
-                 requeue: str = "front", max_running: int | None = None,
-                 max_starts_per_round: int | None = None, fast_forward: bool = True) -> None:
+                 kv: KVCapacity, seed: int = 0, progress: bool = False, **options) -> None:
         if requests.arrival is None:
             raise ValueError("Engine: requests have no arrival times; assign arrivals first")
-        for key, value in (("preemption", preemption), ("requeue", requeue),
-                           ("max_running", max_running), ("livelock_window", livelock_window),
-                           ("max_starts_per_round", max_starts_per_round),
-                           ("max_steps", max_steps), ("fast_forward", fast_forward)):
-            check_value(f"engine.{key}", value)
-        self.preemption, self.requeue, self.max_running = preemption, requeue, max_running
-        self.max_starts_per_round = max_starts_per_round
-        self.fast_forward = fast_forward
+        check_params(EngineOptions, options, "engine")
+        self.options = EngineOptions(**options)
         requests.validate(kv.tokens)
-        self.requests = requests
-        self.policy = policy
-        self.timing = timing
-        self.kv = kv
-        self.livelock_window = livelock_window or default_livelock_window(requests)
-        self.max_steps = max_steps
+        self.requests, self.policy, self.timing, self.kv = requests, policy, timing, kv
+        self.preemption, self.requeue = self.options.preemption, self.options.requeue
+        self.livelock_window = self.options.livelock_window or default_livelock_window(requests)
         self.progress = progress
-        self.validate_decisions = validate_decisions
         policy_seed, overflow_seed = np.random.SeedSequence([seed, 0xE5]).spawn(2)
         self.policy_rng = np.random.default_rng(policy_seed)
         self.overflow_rng = np.random.default_rng(overflow_seed)
-
         # Engine id = rank in (arrival, workload position) order.
         self.order = np.lexsort((np.arange(len(requests)), requests.arrival))
-        self.arrival = requests.arrival[self.order].astype(np.float64)
-        self.prompt_len = requests.prompt_len[self.order].astype(np.int64)
-        self.output_len = requests.output_len[self.order].astype(np.int64)
         n = len(requests)
         lo = requests.predicted_lo if requests.predicted_lo is not None else requests.output_len
         hi = requests.predicted_hi if requests.predicted_hi is not None else requests.output_len
-        self.predicted_lo = lo[self.order].astype(np.int64)
-        self.predicted_hi = hi[self.order].astype(np.int64)
-        # The point estimate policies plan with: the interval's upper end, which is
-        # the truth when predictions are exact (a policy may refine its own copy).
-        self.predicted_output = self.predicted_hi
-        types = requests.type_id if requests.type_id is not None else np.full(n, -1)
-        self.type_id = np.asarray(types)[self.order].astype(np.int64)
-
-        self.status = np.zeros(n, dtype=np.int8)
-        # Tokens the current attempt must prefill: s, or s + kept tokens after a recompute.
-        self.prefill_len = self.prompt_len.copy()
-        self.prefilled = np.zeros(n, dtype=np.int64)
-        self.generated = np.zeros(n, dtype=np.int64)
-        self.held = np.zeros(n, dtype=np.int64)
-        self.start_iteration = np.full(n, -1, dtype=np.int64)
-        self.start_time = np.full(n, np.nan)
-        self.first_token_time = np.full(n, np.nan)
-        self.completion_time = np.full(n, np.nan)
-        self.evictions = np.zeros(n, dtype=np.int64)
-        self.last_token_time = np.full(n, np.nan)
-        self.max_token_gap = np.full(n, np.nan)
+        types_ = requests.type_id if requests.type_id is not None else np.full(n, -1)
+        order = self.order
+        prompt_len = requests.prompt_len[order].astype(np.int64)
+        # The point estimate policies plan with is the interval's upper end, which is the
+        # truth when predictions are exact.
+        self.arrays = {
+            "arrival": requests.arrival[order].astype(np.float64),
+            "prompt_len": prompt_len,
+            "output_len": requests.output_len[order].astype(np.int64),
+            "estimate": hi[order].astype(np.int64),
+            "predicted_lo": lo[order].astype(np.int64),
+            "predicted_hi": hi[order].astype(np.int64),
+            "type_id": np.asarray(types_)[order].astype(np.int64),
+            "status": np.zeros(n, dtype=np.int8),
+            "prefill_len": prompt_len.copy(),
+            "start_time": np.full(n, np.nan), "first_token_time": np.full(n, np.nan),
+            "completion_time": np.full(n, np.nan), "last_token_time": np.full(n, np.nan),
+            "max_token_gap": np.full(n, np.nan),
+            "queue_key": np.arange(n, dtype=np.int64),
+            "start_iteration": np.full(n, -1, dtype=np.int64),
+            "queue": np.zeros(n + 1, dtype=np.int64),
+            "joined": np.zeros(2 * n + 16, dtype=np.int64),
+            "scratch": np.zeros(n + 1, dtype=np.int64),
+            "scratch2": np.zeros(n + 1, dtype=np.int64),
+            "scratch3": np.zeros(n + 1, dtype=np.int64),
+            "float_scratch": np.zeros(max(n, 1), dtype=np.float64),
+            "is_prefill": np.zeros(n, dtype=np.bool_),
+        }
+        for name in ("prefilled", "generated", "held", "evictions", "running", "started",
+                     "start", "advance", "preempt", "chunk_of", "chunk_ids", "members", "chunk",
+                     "gain", "new_tokens", "context"):
+            self.arrays[name] = np.zeros(n, dtype=np.int64)
         self.token_gaps = LogHistogram()
-        # Queue position: requests wait in ascending key; a key is given on entering the queue.
-        self.queue_key = np.arange(n, dtype=np.int64)
-        self._next_queue_key = n
-        self._gain_scratch = np.zeros(n, dtype=np.int64)
-        self._id_scratch = np.zeros(n, dtype=np.int64)
-        self._positions = _sealed(np.arange(1, n + 1, dtype=np.int64))  # 1-based marks
-        # Decode-only shapes are slices of these (a batch never exceeds the trace).
-        self._ones = _sealed(np.ones(n, dtype=np.int64))
-        self._no_prefill = _sealed(np.zeros(n, dtype=bool))
+        self._ran = False
 
-    # ------------------------------------------------------------------ helpers
-    def _check_ids(self, ids, expected: int, what: str) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if not self.validate_decisions or ids.size == 0:
-            return ids
-        # Boolean checks count with count_nonzero: on short arrays a quarter of any()'s cost.
-        if ids.size == 1:  # the common case, in plain integers
-            rid = int(ids[0])
-            if not 0 <= rid < self.status.size:
-                raise self._unknown_ids(what)
-            if self.status[rid] == expected:
-                return ids
-        elif expected == WAITING:  # admissions in queue order (most policies): a queue prefix
-            queue = self.queue.ids
-            if ids.size <= queue.size and not np.count_nonzero(queue[:ids.size] != ids):
-                return ids
-        if np.count_nonzero(ids < 0):
-            raise self._unknown_ids(what)
-        # Mark each id with its position: a repeated id keeps only its last mark.
-        seen, positions = self._id_scratch, self._positions[:ids.size]
-        try:
-            seen[ids] = positions
-        except IndexError:  # an id past the trace
-            raise self._unknown_ids(what) from None
-        bad = (self.status[ids] != expected) | (seen[ids] != positions)
-        seen[ids] = 0
-        if np.count_nonzero(bad):
-            wrong = ids[self.status[ids] != expected]
-            if not wrong.size:
-                raise DecisionError(f"{type(self.policy).__name__}: {what} repeats a request id")
-            state = {FUTURE: "not arrived", WAITING: "waiting", RUNNING: "running",
-                     DONE: "completed"}
-            raise DecisionError(
-                f"{type(self.policy).__name__}: {what} names request {int(wrong[0])} which is "
-                f"{state[int(self.status[wrong[0]])]}")
-        return ids
+    # The arrays by the names the rest of the project reads.
+    def __getattr__(self, name: str):
+        arrays = self.__dict__.get("arrays")
+        if arrays is not None and name in arrays:
+            return arrays[name]
+        raise AttributeError(name)
 
-    def _unknown_ids(self, what: str) -> DecisionError:
-        return DecisionError(f"{type(self.policy).__name__}: {what} has unknown request ids")
+    @property
+    def predicted_output(self) -> np.ndarray:
+        return self.arrays["estimate"]
 
-    def _evict(self, victims: np.ndarray) -> int:
-        """Free the KV of running ``victims`` and return them to the waiting queue.
+    def setup(self) -> RunSetup:
+        a = self.arrays
+        return RunSetup(n=a["status"].size, kv_capacity=self.kv.tokens,
+                        block_size=self.kv.block_size, type_id=a["type_id"],
+                        estimate=a["estimate"])
 
-        Under ``restart`` they lose every token; under ``recompute`` they keep the
-        tokens emitted so far and must prefill ``s + generated`` when readmitted.
-        """
-        victims = victims[self.status[victims] == RUNNING]
-        if victims.size == 0:
-            return 0
-        # One victim (most preemptions) indexes the state with a plain int: the same
-        # updates at a fraction of the cost of one-element arrays.
-        index = int(victims[0]) if victims.size == 1 else victims
-        freed = int(self.held[index].sum())
-        self.status[index] = WAITING
-        self.prefilled[index] = 0
-        if self.preemption == "restart":
-            self.generated[index] = 0
-            self.first_token_time[index] = np.nan
-            self.last_token_time[index] = np.nan
-            self.max_token_gap[index] = np.nan
-        self.prefill_len[index] = self.prompt_len[index] + self.generated[index]
-        if self.kv.block_size > 1:
-            self.blocks_held -= int(blocks(self.held[index], self.kv.block_size).sum())
-        self.held[index] = 0
-        self.start_iteration[index] = -1
-        self.evictions[index] += 1
-        self.kv_held -= freed
-        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
-        if victims.size > 1:
-            victims = victims[np.argsort(self.queue_key[victims], kind="stable")]
-        if self.requeue == "back":
-            keys = np.arange(self._next_queue_key, self._next_queue_key + victims.size)
-            self.queue_key[victims] = keys
-            self._next_queue_key += victims.size
-            self.queue.append(victims)
+    # ------------------------------------------------------------------ the rules
+    def _rules(self, arrays: EngineArrays):
+        """The loop's rule arguments, and how each rule runs (compiled or through Python)."""
+        policy, timing, overflow = self.policy, self.timing, self.policy.overflow
+        bridges = []
+        if is_compiled_policy(policy):
+            decide, policy_state, policy_path = type(policy).decision, policy.rule_state(
+                self.setup()), "compiled"
         else:
-            # The queue is in key order and keys are unique: insert the victims by key
-            # (until a `back` requeue every key is its id, so the ids are the keys).
-            queue = self.queue.ids
-            if self._next_queue_key == self.status.size:
-                at = np.searchsorted(queue, victims)
-            else:
-                at = np.searchsorted(self.queue_key[queue], self.queue_key[victims])
-            self.queue.insert(at, victims)
-        return int(victims.size)
-
-    def _complete(self, finished: np.ndarray, end: float) -> None:
-        """Record ``finished`` as completed at ``end`` and free their KV."""
-        if finished.size == 1:
-            # One completion (most steps that have any), in plain integers: a quarter of
-            # the array path's cost.
-            rid = int(finished[0])
-            self.completion_time[rid] = end
-            self.status[rid] = DONE
-            held = int(self.held[rid])
-            self.kv_held -= held
-            if self.kv.block_size > 1:
-                self.blocks_held -= blocks(held, self.kv.block_size)
-            self.held[rid] = 0
-            self.running = _sealed(self.running[self.running != rid])
-            return
-        self.completion_time[finished] = end
-        self.status[finished] = DONE
-        held = self.held[finished]
-        self.kv_held -= int(held.sum())
-        if self.kv.block_size > 1:
-            self.blocks_held -= int(blocks(held, self.kv.block_size).sum())
-        self.held[finished] = 0
-        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
-
-    def _prefill_chunks(self, chunks: Mapping[int, int] | None, members: np.ndarray,
-                        remaining_prompt: np.ndarray) -> np.ndarray:
-        """Prompt tokens each member processes (0 for a decode); the default is all that remain."""
-        if not chunks:
-            return remaining_prompt
-        chunk = remaining_prompt.copy()
-        if len(chunks) == 1:  # the common case: one prompt only part-done
-            ((rid, tokens),) = chunks.items()
-            at = np.flatnonzero(members == rid)  # members are distinct (checked)
-            if (at.size and _whole(rid) and _whole(tokens)
-                    and 1 <= tokens <= remaining_prompt[at[0]]):
-                chunk[at[0]] = tokens
-                return chunk
-        position = self._id_scratch  # zero between uses; 1-based positions while in use
-        position[members] = self._positions[:members.size]
-        count = len(chunks)
-        rids = np.fromiter(chunks.keys(), dtype=np.int64, count=count)
-        tokens = np.fromiter(chunks.values(), dtype=np.int64, count=count)
-        k = position.take(rids, mode="clip") - 1  # unknown ids are caught just below
-        position[members] = 0
-        bad = ((rids.view(np.uint64) >= position.size) | (k < 0) | (tokens < 1)
-               | (tokens > remaining_prompt[k]))
-        # fromiter truncates floats: an id or a chunk must be a whole number as given.
-        bad |= [not (_whole(rid) and _whole(t)) for rid, t in chunks.items()]
-        if np.count_nonzero(bad):
-            i = int(np.flatnonzero(bad)[0])
-            raise DecisionError(
-                f"{type(self.policy).__name__}: prefill chunk "
-                f"{list(chunks.values())[i]!r} for request "
-                f"{int(rids[i])} is not in 1..remaining prompt of a prefilling batch member")
-        chunk[k] = tokens
-        return chunk
-
-    def _fast_forward(self, members: np.ndarray, chunk: np.ndarray | None, now: float,
-                      last_duration: float, next_arrival: float, log: IterationLog,
-                      max_steps: int) -> tuple[int, float, float, int]:
-        """Repeat the batch just executed without asking the policy (a steady stretch).
-
-        ``members`` just decoded in a step of ``last_duration``, except those with a
-        prompt ``chunk`` (> 0; ``None``: none), which took a chunk that was not their
-        prompt's last. The same step repeats (each decode emits a token, each chunk
-        member takes the same chunk) until the next one would start at or after
-        ``next_arrival``, take the last chunk of a prompt, exceed the KV capacity,
-        leave the timing backend's exact range or pass ``max_steps``, or until a step
-        has completed a request (that step is the stretch's last: the batch changes
-        after it); the step loop takes over there. Results are those of the step
-        loop: durations are priced per step (vectorised), start times are the same
-        running float sum (``cumsum`` adds in order), and the token gaps reach the
-        histogram in the same order.
-        Returns ``(steps executed, time after them, seconds spent pricing, requests
-        completed)``.
-        """
-        if chunk is not None:
-            prefilling = chunk > 0
-            decoders, chunkers, chunk = members[~prefilling], members[prefilling], chunk[prefilling]
-            # A chunk repeats while it is shorter than what remains of the prompt.
-            left = self.prefill_len[chunkers] - self.prefilled[chunkers]
-            max_steps = min(max_steps, int(((left - 1) // chunk).min()))
+            adapter = PythonPolicy(policy, arrays, self.kv.tokens, self.kv.block_size,
+                                   self.policy_rng, self.options.validate_decisions)
+            bridges.append(adapter)
+            decide, policy_state, policy_path = decide_in_python, None, "python"
+        if is_compiled(overflow, CompiledOverflow, "evict"):
+            evict_victims, overflow_state, overflow_path = (
+                type(overflow).evict_victims, overflow.rule_state(), "compiled")
         else:
-            decoders, chunkers, chunk = members, _EMPTY, _EMPTY
-        # The step at which the first decode emits its last token, counted from 1.
-        completing = (int((self.output_len[decoders] - self.generated[decoders]).min())
-                      if decoders.size else 0)
-        if completing:
-            max_steps = min(max_steps, completing)
-        if max_steps <= 0:
-            return 0, now, 0.0, 0
-        held, chunk_held = self.held[decoders], self.held[chunkers]
-        n_decode, block, capacity = decoders.size, self.kv.block_size, self.kv.tokens
-        chunk_total = int(chunk.sum()) if chunk.size else 0
-        gain = n_decode + chunk_total  # slots the batch writes per step
-        context_sum = int(held.sum()) if n_decode else 0
-        context_max = int(held.max()) if n_decode else 0
-        kv_before, blocks_before = self.kv_held, self.blocks_held
-        if block > 1:
-            decode_growth = BlockGrowth(held, block)
-        # Price about as many steps as can run before the next arrival or the KV limit
-        # (steps grow longer as contexts grow), and more only if the stretch goes on.
-        per_call = min(max_steps, (capacity - kv_before) // gain + 1)
-        if next_arrival < np.inf and last_duration > 0:
-            per_call = min(per_call, int((next_arrival - now) / last_duration) + 2)
-        done, per_call, priced_s, longest_gap = 0, max(per_call, 1), 0.0, 0.0
-        while done < max_steps:
-            steps = min(per_call, max_steps - done)
-            priced = time.perf_counter()
-            durations = self.timing.stretch_durations(Stretch(
-                n_decode, context_sum + done * n_decode, context_max + done, chunk,
-                chunk_held + done * chunk), steps)
-            priced_s += time.perf_counter() - priced
-            j = np.arange(done + 1, done + durations.size + 1, dtype=np.int64)
-            kv_after = kv_before + gain * j
-            if block > 1:
-                peak_blocks = blocks_before + decode_growth(j)
-                if chunk.size:
-                    peak_blocks += (blocks(chunk_held + j[:, None] * chunk, block)
-                                    - blocks(chunk_held, block)).sum(axis=1)
-                kv_peak = peak_blocks * block
-            else:
-                kv_peak = kv_after
-            clock = np.cumsum(np.concatenate(([now], durations)))
-            take = min(int(np.searchsorted(kv_peak, capacity, side="right")),
-                       int(np.searchsorted(clock[:-1], next_arrival, side="left")))
-            if take:
-                starts, ends = clock[:take], clock[1:take + 1]
-                # The completing step is logged on its own, after its completions.
-                plain = take - 1 if done + take == completing else take
-                if plain:
-                    log.extend_stretch(starts[:plain], durations[:plain], members.size,
-                                       chunk_total, n_decode, kv_peak[:plain],
-                                       kv_after[:plain])
-                if n_decode:
-                    gaps = ends - starts
-                    self.token_gaps.add_repeated(gaps, n_decode)
-                    longest_gap = max(longest_gap, float(gaps.max()))
-                now = float(ends[-1])
-                done += take
-                if block > 1:
-                    self.blocks_held = int(peak_blocks[take - 1])
-            if take < steps:
-                break
-            per_call *= 4  # a long stretch is priced in few calls
-        if done:
-            self.kv_held = kv_before + gain * done
-            if n_decode:
-                self.generated[decoders] += done
-                self.held[decoders] += done
-                self.last_token_time[decoders] = now
-                self.max_token_gap[decoders] = np.fmax(self.max_token_gap[decoders], longest_gap)
-            if chunk.size:
-                self.prefilled[chunkers] += done * chunk
-                self.held[chunkers] += done * chunk
-        if not completing or done < completing:
-            return done, now, priced_s, 0
-        finished = decoders[self.generated[decoders] == self.output_len[decoders]]
-        self._complete(finished, now)
-        log.append((starts[-1], float(durations[take - 1]), members.size, 0, chunk_total,
-                    n_decode, int(kv_peak[take - 1]), self.kv_held, finished.size, 0, False))
-        return done, now, priced_s, int(finished.size)
+            adapter = PythonOverflow(overflow, type(policy).__name__, arrays, self.kv.tokens,
+                                     self.overflow_rng)
+            bridges.append(adapter)
+            evict_victims, overflow_state, overflow_path = evict_in_python, None, "python"
+        if is_compiled(timing, CompiledTiming, "duration"):
+            price_batch, price_decodes = type(timing).price_batch, type(timing).price_decodes
+            timing_state, timing_path = timing.timing_state(), "compiled"
+        else:
+            adapter = PythonTiming(timing, arrays)
+            bridges.append(adapter)
+            price_batch, price_decodes = price_in_python, no_decode_price
+            timing_state, timing_path = None, "python"
+        tokens = [register(b) for b in bridges]
+        tokens_left = iter(tokens)
+        if policy_state is None:
+            policy_state = new_rule_state(bridge=next(tokens_left))
+        if overflow_state is None:
+            overflow_state = new_rule_state(bridge=next(tokens_left))
+        if timing_state is None:
+            timing_state = new_timing_state(bridge=next(tokens_left))
+        rules = (policy_state, decide, overflow_state, evict_victims, timing_state, price_batch,
+                 price_decodes)
+        path = {"policy": policy_path, "overflow": overflow_path, "timing": timing_path}
+        return rules, bridges, tokens, path
 
-    # --------------------------------------------------------------------- run
+    # ------------------------------------------------------------------ the run
     def run(self) -> RunResult:
-        """Replay until every request completed or a stop condition holds.
+        """Replay until every request completed or a stop condition holds."""
+        if self._ran:
+            raise ValueError("Engine.run: this engine has run already; construct a new one "
+                             "(an Engine replays once)")
+        self._ran = True
+        a, n, kv, o = self.arrays, self.arrays["status"].size, self.kv, self.options
+        gaps = self.token_gaps
+        state = new_engine_state(
+            **{name: a[name] for name in STATE_ARRAYS}, n=n, capacity=kv.tokens,
+            block=kv.block_size,
+            livelock_window=self.livelock_window,
+            max_steps=-1 if o.max_steps is None else o.max_steps,
+            max_running=-1 if o.max_running is None else o.max_running,
+            max_starts=-1 if o.max_starts_per_round is None else o.max_starts_per_round,
+            recompute=o.preemption == "recompute", requeue_back=o.requeue == "back",
+            fast_forward=o.fast_forward, yield_steps=YIELD_STEPS,
+            now=0.0, next_arrival=np.inf, released=0, iteration=0, steps=0, idle_steps=0,
+            completed=0, kv_held=0, blocks_held=0, next_key=n, decisions=0, outcome=0,
+            qhead=0, qtail=0, queue_version=0, n_run=0, running_version=0, n_joined=0,
+            n_started=0, n_start=0, n_advance=0, n_preempt=0, n_chunks=0, steady=0,
+            error_code=0, error_arg=0, m=0,
+            log_times=np.zeros((2, _INITIAL_LOG_ROWS)),
+            log_ints=np.zeros((8, _INITIAL_LOG_ROWS), dtype=np.int64),
+            log_failed=np.zeros(_INITIAL_LOG_ROWS, dtype=np.bool_), n_log=0,
+            gap_buffer=gaps._buffer, gap_counts=gaps.counts, gap_filled=0, gap_count=0,
+            gap_log_lo=gaps._log_lo, gap_log_ratio=gaps._log_ratio, gap_total=0.0,
+            gap_max=0.0, overflow_rng=self.overflow_rng)
+        rules, bridges, tokens, path = self._rules(EngineArrays(a))
+        _, decide, _, evict_victims, _, price_batch, price_decodes = rules
+        compile_time = ensure_compiled(((decide, DECIDE), (evict_victims, EVICT),
+                                        (price_batch, PRICE), (price_decodes, PRICE_DECODES)))
+        started = time.perf_counter()
+        bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
+        last_heartbeat = started
+        try:
+            while True:
+                code = run_steps(state, *rules)
+                if code != EXIT_YIELD:
+                    break
+                outcome = _outcome_of(state)
+                bar.update(outcome["completed"] - bar.n)
+                if time.perf_counter() - last_heartbeat >= HEARTBEAT_S:
+                    last_heartbeat = time.perf_counter()
+                    log.info("replay: %d of %d requests completed, %d steps, simulated time "
+                             "%.6g %s", outcome["completed"], n, outcome["steps"],
+                             outcome["now"], getattr(self.timing, "time_unit", "seconds"))
+            outcome = _outcome_of(state)
+            bar.update(outcome["completed"] - bar.n)
+            if code == EXIT_POLICY_ERROR:
+                view = PythonPolicy(self.policy, EngineArrays(a), kv.tokens, kv.block_size,
+                                    self.policy_rng, False).view_at(
+                    outcome["now"], outcome["iteration"], outcome["kv_held"], outcome["qhead"],
+                    outcome["qtail"], outcome["n_run"], outcome["next_arrival"])
+                raise self.policy.decision_error(outcome["error_code"], outcome["error_arg"],
+                                                 view)
+            if code == EXIT_PRICE_ERROR:
+                m = outcome["m"]
+                raise self.timing.price_error(BatchShape(
+                    a["new_tokens"][:m].copy(), a["context"][:m].copy(),
+                    a["is_prefill"][:m].copy()), rules[4])
+        finally:
+            bar.close()
+            release(tokens)
+        loop_time = time.perf_counter() - started
+        gaps._filled, gaps.count = outcome["gap_filled"], outcome["gap_count"]
+        gaps.total, gaps.max = outcome["gap_total"], outcome["gap_max"]
+        self._final = outcome
+        status, message = self._status_message(outcome)
+        decision_time = sum(getattr(b, "decision_time", 0.0) for b in bridges)
+        timing_time = sum(getattr(b, "time_spent", 0.0) for b in bridges)
+        if path["timing"] == "compiled":
+            self.timing.finish(rules[4])
+        return RunResult(status, message, self._request_table(),
+                         iteration_frame(*_log_arrays(state), outcome["n_log"]), kv,
+                         self.livelock_window, decision_time, self.preemption, self.requeue,
+                         gaps, timing_time_s=timing_time, loop_time_s=loop_time,
+                         decisions=outcome["decisions"], compile_time_s=compile_time,
+                         engine_path=path)
 
-        Each step runs the phases in order: release arrivals, ask the policy
-        (:meth:`_decide`), price the batch and its KV peak (:meth:`_price`), then either
-        fail the attempt on overflow (:meth:`_overflow`) or execute it (:meth:`_execute`,
-        which advances, completes and records). After an executed step that the policy
-        promised steady, :meth:`_run_stretch` repeats it in bulk.
-        """
-        loop_started = time.perf_counter()
-        n = self.status.size
-        self._start_run()
-        status, message = "completed", ""
-        self._bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay",
-                         leave=False)
-        while self.completed < n:
-            self._release_arrivals()
-            if self.queue.size == 0 and self.running.size == 0:
-                self.now = float(self.next_arrival)
-                continue
-            stop = self._stop_reason()
-            if stop is not None:
-                status, message = stop
-                break
-            step = self._decide()
-            if step.members.size == 0:
-                if self.released < n:
-                    self.now = float(self.next_arrival)
-                    continue
-                status = "stalled"
-                message = (f"{type(self.policy).__name__} scheduled nothing with "
-                           f"{n - self.completed} requests unfinished and no arrivals left")
-                break
-            self._price(step)
-            self.steps += 1
-            if not self.steps & 4095:
-                self._heartbeat()
-            if step.kv_peak > self.kv.tokens:
-                self._overflow(step)
-                continue
-            self._execute(step)
-            if self._promises_stretch(step):
-                self._run_stretch(step)
-        loop_time = time.perf_counter() - loop_started
-        self._bar.close()
-        return RunResult(status, message, self._request_table(), self._log.frame(), self.kv,
-                         self.livelock_window, self.decision_time, self.preemption,
-                         self.requeue, self.token_gaps, timing_time_s=self.timing_time,
-                         loop_time_s=loop_time, decisions=self.decisions)
-
-    def _heartbeat(self) -> None:
-        """Say where a long replay is (the progress bar is off by default)."""
-        wall = time.perf_counter()
-        if wall - self._last_heartbeat >= HEARTBEAT_S:
-            self._last_heartbeat = wall
-            log.info("replay: %d of %d requests completed, %d steps, simulated time %.6g %s",
-                     self.completed, self.status.size, self.steps, self.now,
-                     getattr(self.timing, "time_unit", "seconds"))
-
-    def _start_run(self) -> None:
-        """The run's clock, counters, queue, running set and the policy's read-only view."""
-        block = self.kv.block_size
-        self.queue, self.running, self.kv_held = WaitingQueue(), _sealed(_EMPTY.copy()), 0
-        self.blocks_held = 0  # with paging (block > 1): KV blocks the running requests occupy
-        self.view = PolicyView(
-            kv_capacity=self.kv.tokens, arrival=_frozen(self.arrival),
-            prompt_len=_frozen(self.prompt_len),
-            predicted_output=_frozen(self.predicted_output),
-            predicted_lo=_frozen(self.predicted_lo), predicted_hi=_frozen(self.predicted_hi),
-            type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
-            generated=_frozen(self.generated), held=_frozen(self.held),
-            start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
-            kv_block_size=block, prefill_len=_frozen(self.prefill_len))
-        self._log = IterationLog()
-        self.now, self.released, self.next_arrival = 0.0, 0, np.inf
-        self.iteration = self.steps = self.idle_steps = self.completed = self.decisions = 0
-        self.decision_time = self.timing_time = 0.0
-        self._fast_forward_on = self.fast_forward and hasattr(self.timing, "stretch_durations")
-        self._last_heartbeat = time.perf_counter()
-
-    # -- phase 1: arrivals
-    def _release_arrivals(self) -> None:
-        """Move every request that has arrived by ``now`` into the waiting queue."""
-        n, arrival = self.status.size, self.arrival
-        released = self.released
-        if released < n and arrival[released] <= self.now:
-            upto = int(np.searchsorted(arrival, self.now, side="right"))
-            self.status[released:upto] = WAITING
-            arrived = np.arange(released, upto)
-            if self._next_queue_key > n:  # a `back` requeue happened: queue behind it
-                self.queue_key[arrived] = np.arange(self._next_queue_key,
-                                                    self._next_queue_key + arrived.size)
-                self._next_queue_key += arrived.size
-            self.queue.append(arrived)
-            self.released = released = upto
-        self.next_arrival = arrival[released] if released < n else np.inf
-
-    def _stop_reason(self) -> tuple[str, str] | None:
-        """``(status, message)`` when the run must stop before this step, else None."""
-        if self.idle_steps > self.livelock_window:
-            return "livelock", (
-                f"no request completed in {self.idle_steps} steps with "
-                f"{self.status.size - self.completed} unfinished "
-                f"(livelock_window={self.livelock_window})")
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            return "step_limit", f"stopped after max_steps={self.max_steps}"
-        return None
-
-    # -- phase 2: the policy's decision, validated and capped
-    def _decide(self) -> _Step:
-        view = self.view
-        view.now, view.iteration, view.kv_held = self.now, self.iteration, self.kv_held
-        view.waiting, view.running = self.queue.ids, self.running
-        view.next_arrival = float(self.next_arrival)
-        decide_started = time.perf_counter()
-        batch = self.policy.decide(view)
-        self.decision_time += time.perf_counter() - decide_started
-        self.decisions += 1
-
-        n_evicted = 0
-        if batch.preempt is not None and len(batch.preempt):
-            n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
-        requested = (self._check_ids(batch.start, WAITING, "start") if len(batch.start)
-                     else _EMPTY)
-        start = requested
-        if self.max_running is not None and self.running.size + start.size > self.max_running:
-            # A cap on running requests for every policy (a serving engine's batch limit):
-            # the policy's admissions are cut to the first ones in its order.
-            start = start[: max(0, self.max_running - self.running.size)]
-        if self.max_starts_per_round is not None:
-            start = start[: self.max_starts_per_round]
-        started_all = start.size == requested.size
-        chunks = batch.prefill_chunks
-        if chunks and not started_all:  # no chunk for an admission the caps cut
-            cut = set(requested[start.size:].tolist())
-            chunks = {rid: tokens for rid, tokens in chunks.items() if rid not in cut}
-        advance = (self.running if batch.advance is None
-                   else self._check_ids(batch.advance, RUNNING, "advance"))
-        members = np.concatenate((advance, start)) if start.size else advance
-        return _Step(batch, members, start, started_all, chunks, n_evicted)
-
-    # -- phase 3: the iteration's shape, price and KV peak
-    def _price(self, step: _Step) -> None:
-        members, block = step.members, self.kv.block_size
-        held_before = self.held[members]
-        remaining_prompt = self.prefill_len[members] - self.prefilled[members]
-        chunk = self._prefill_chunks(step.chunks, members, remaining_prompt)
-        prefill_total = int(chunk.sum())
-        if prefill_total == 0:
-            # Decode only (most steps): every member emits one token and holds one more slot.
-            emits, gain, gain_total, n_decode = None, 1, members.size, members.size
-            is_prefill, new_tokens = self._no_prefill[:members.size], self._ones[:members.size]
-        else:
-            is_prefill = remaining_prompt > 0
-            emits = chunk == remaining_prompt  # a decode, or the prompt's last chunk
-            gain = chunk + emits
-            gain_total = int(gain.sum())
-            n_decode = members.size - int(np.count_nonzero(is_prefill))
-            new_tokens = np.maximum(chunk, 1)
-        timing_started = time.perf_counter()
-        duration = float(self.timing.duration(BatchShape(
-            new_tokens=new_tokens, context=held_before, is_prefill=is_prefill)))
-        self.timing_time += time.perf_counter() - timing_started
-        kv_peak = self.kv_held + gain_total
-        new_blocks = 0
-        if block > 1:
-            # Only members change what they hold; their block counts grow at boundaries
-            # (by one token: exactly where the last block is full, or there is none).
-            if emits is None:
-                new_blocks = np.count_nonzero(held_before % block == 0)
-            else:
-                new_blocks = int((blocks(held_before + gain, block)
-                                  - blocks(held_before, block)).sum())
-            kv_peak = (self.blocks_held + new_blocks) * block
-        step.chunk, step.prefill_total, step.emits, step.gain = chunk, prefill_total, emits, gain
-        step.gain_total, step.n_decode, step.duration = gain_total, n_decode, duration
-        step.kv_peak, step.new_blocks = kv_peak, new_blocks
-
-    # -- phase 4a: overflow: the attempt fails, its time is charged, the overflow rule evicts
-    def _overflow(self, step: _Step) -> None:
-        start, members = step.start, step.members
-        holders = np.concatenate((self.running, start)) if start.size else self.running
-        scratch = self._gain_scratch
-        scratch[members] = step.gain
-        held_after = self.held[holders] + scratch[holders]
-        scratch[members] = 0
-        victims = np.asarray(
-            self.policy.overflow.evict(holders, held_after, self.kv.tokens, self.overflow_rng,
-                                       self.running.size),
-            dtype=np.int64)
-        if victims.size and not np.isin(victims, holders).all():
-            raise DecisionError(f"{type(self.policy).__name__}: overflow rule evicted "
-                                f"a request that holds no KV in this batch")
-        step.n_evicted += self._evict(victims)
-        self._log.append((self.now, step.duration, members.size, start.size, step.prefill_total,
-                          step.n_decode, int(step.kv_peak), self.kv_held, 0, step.n_evicted,
-                          True))
-        self.now += step.duration
-        self.idle_steps += 1
-
-    # -- phase 4b: execution: admissions, progress, token times, completions, the log row
-    def _execute(self, step: _Step) -> None:
-        start, members, emits, now = step.start, step.members, step.emits, self.now
-        if start.size:
-            self.status[start] = RUNNING
-            self.start_iteration[start] = self.iteration
-            self.start_time[start] = now
-            self.running = _sealed(np.concatenate((self.running, start)))
-            self.queue.drop_left(self.status, WAITING, start.size)
-        end = now + step.duration
-        if emits is None:
-            self.generated[members] += 1
-            self.held[members] += 1
-            emitters = members
-        else:
-            self.prefilled[members] += step.chunk
-            self.generated[members] += emits
-            self.held[members] += step.gain
-            emitters = members[emits]
-        self.kv_held += step.gain_total
-        if self.kv.block_size > 1:
-            self.blocks_held += step.new_blocks
-        tokens = self.generated[emitters]
-        if emits is None:
-            later = emitters  # decoding means the prompt's last chunk emitted token 1 before
-        else:
-            first = tokens == 1
-            self.first_token_time[emitters[first]] = end
-            later = emitters[~first]
-        if later.size:
-            gaps = end - self.last_token_time[later]
-            self.token_gaps.add(gaps)
-            self.max_token_gap[later] = np.fmax(self.max_token_gap[later], gaps)
-        self.last_token_time[emitters] = end
-        finished = emitters[tokens == self.output_len[emitters]]
-        if finished.size:
-            self._complete(finished, end)
-            self._count_completed(int(finished.size))
-        else:
-            self.idle_steps += 1
-        self._log.append((now, step.duration, members.size, start.size, step.prefill_total,
-                          step.n_decode, int(step.kv_peak), self.kv_held, finished.size,
-                          step.n_evicted, False))
-        self.now = end
-        self.iteration += 1
-        step.finished, step.emitters = int(finished.size), int(emitters.size)
-
-    def _count_completed(self, count: int) -> None:
-        self.completed += count
-        self.idle_steps = 0
-        self._bar.update(count)
-
-    # -- the steady stretch, beside the step loop
-    def _promises_stretch(self, step: _Step) -> bool:
-        """The policy promised the executed batch steady, and nothing changed it: every
-        admission ran, nothing was evicted or completed and every decode emitted."""
-        promised = step.batch.steady_steps
-        if not (promised and self._fast_forward_on and step.started_all
-                and step.n_evicted == 0 and step.finished == 0
-                and step.emitters == step.n_decode):
-            return False
-        if self.validate_decisions and (isinstance(promised, bool) or not isinstance(
-                promised, int | np.integer) or promised < 0):
-            raise DecisionError(
-                f"{type(self.policy).__name__}: steady_steps must be a whole number of "
-                f"steps >= 0 (UNTIL_CHANGE for no bound), got {promised!r}")
-        return True
-
-    def _run_stretch(self, step: _Step) -> None:
-        """Repeat ``step``'s batch in bulk (:meth:`_fast_forward`) for as long as the promise
-        and the run's own stops allow."""
-        room = min(int(step.batch.steady_steps), self.livelock_window - self.idle_steps + 1)
-        if self.max_steps is not None:
-            room = min(room, self.max_steps - self.steps)
-        skipped, self.now, priced_s, n_finished = self._fast_forward(
-            step.members, step.chunk if step.prefill_total else None, self.now, step.duration,
-            float(self.next_arrival), self._log, room)
-        self.steps += skipped
-        self.iteration += skipped
-        self.timing_time += priced_s
-        if n_finished:
-            self._count_completed(n_finished)
-        else:
-            self.idle_steps += skipped
+    def _status_message(self, outcome: dict) -> tuple[str, str]:
+        status = _STATUS[outcome["outcome"]]
+        unfinished = self.arrays["status"].size - outcome["completed"]
+        if status == "livelock":
+            return status, (f"no request completed in {outcome['idle_steps']} steps with "
+                            f"{unfinished} unfinished (livelock_window={self.livelock_window})")
+        if status == "step_limit":
+            return status, f"stopped after max_steps={self.options.max_steps}"
+        if status == "stalled":
+            return status, (f"{type(self.policy).__name__} scheduled nothing with "
+                            f"{unfinished} requests unfinished and no arrivals left")
+        return status, ""
 
     def _request_table(self) -> pd.DataFrame:
         """Per-request results in workload order (``request_id`` = position in the workload)."""
+        a = self.arrays
         back = np.empty_like(self.order)
         back[self.order] = np.arange(self.order.size)
         r = self.requests
@@ -769,19 +473,19 @@ class Engine:
             "arrival": r.arrival,
             "prompt_len": r.prompt_len,
             "output_len": r.output_len,
-            "start": self.start_time[back],
-            "first_token": self.first_token_time[back],
-            "completion": self.completion_time[back],
-            "evictions": self.evictions[back],
-            "tokens_generated": self.generated[back],
+            "start": a["start_time"][back],
+            "first_token": a["first_token_time"][back],
+            "completion": a["completion_time"][back],
+            "evictions": a["evictions"][back],
+            "tokens_generated": a["generated"][back],
         })
         table["latency"] = table["completion"] - table["arrival"]
         table["ttft"] = table["first_token"] - table["arrival"]
-        table["completed"] = self.status[back] == DONE
+        table["completed"] = a["status"][back] == DONE
         # Mean gap telescopes: (last token - first token) / (tokens - 1).
         with np.errstate(invalid="ignore", divide="ignore"):
             table["tbt_mean"] = np.where(
                 table["completed"] & (table["output_len"] > 1),
                 (table["completion"] - table["first_token"]) / (table["output_len"] - 1), np.nan)
-        table["tbt_max"] = self.max_token_gap[back]
+        table["tbt_max"] = a["max_token_gap"][back]
         return table

@@ -1,69 +1,15 @@
-"""Plain functions over arrays that both step loops run, compiled with numba where it imports.
+"""numpy's float sum as a compiled function, for rules that must agree with numpy to the last bit.
 
-A rule that the Python engine and the compiled step loop (:mod:`replay.compiled`) must
-apply to the last bit is written once, here or in a module that uses :func:`jit`, and
-called by both: the compiled loop calls the compiled function, the Python engine the
-same compiled function (or, on a machine without numba, numpy's equivalent, which only
-such a machine runs).
-
-numba keys a function cached on disk by its own source file only, so a caller in another
-file would load stale machine code after an edit of its callee. Every compiled function
-of kvsched is therefore cached in one folder named by a hash of all the sources that
-define compiled functions (:data:`JIT_SOURCES`), under ``$NUMBA_CACHE_DIR`` if set, else
-``numba/`` in kvsched's per-user cache folder; numba's own setting is restored once the
-functions are defined, so other numba users in the process keep theirs.
+Where a rule sums a float array (Vidur's prefill terms, the token-gap histogram's total),
+numpy's result depends on the order of its pairwise summation. The compiled code adds in
+the same order, so a run's totals are what numpy would compute from the same values.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-from pathlib import Path
-
 import numpy as np
 
-from replay.data import cache_dir
-
-try:
-    import numba
-except ImportError:  # the Python engine then runs numpy's equivalents
-    numba = None
-
-#: The modules (relative to the ``replay`` package) that define compiled functions: their
-#: sources key the disk cache.
-JIT_SOURCES = ("compiled/decisions.py", "compiled/kernels.py", "compiled/pricing.py",
-               "compiled/sorting.py", "engine/numeric.py", "engine/histogram.py")
-
-
-def numba_cache_dir() -> str:
-    """The disk cache folder of kvsched's compiled functions (see the module docstring)."""
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parent.parent
-    for name in JIT_SOURCES:
-        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
-    root = os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir("numba"))
-    return os.path.join(root, f"kvsched-compiled-{digest.hexdigest()[:16]}")
-
-
-@contextlib.contextmanager
-def kvsched_numba_cache():
-    """Functions decorated with ``cache=True`` inside this block cache in
-    :func:`numba_cache_dir` (numba reads its setting when it decorates)."""
-    saved = numba.config.CACHE_DIR
-    numba.config.CACHE_DIR = numba_cache_dir()
-    try:
-        yield
-    finally:
-        numba.config.CACHE_DIR = saved
-
-
-def jit(function):
-    """``function`` compiled by numba (``njit``, cached on disk), or ``None`` without numba."""
-    if numba is None:
-        return None
-    with kvsched_numba_cache():
-        return numba.njit(cache=True)(function)
+from replay.engine.jit import jit
 
 
 def _pairwise_leaf(a):
@@ -135,9 +81,5 @@ def _pairwise_sum(a):
     return values[0]
 
 
-def _numpy_sum(a):
-    return float(a.sum())
-
-
 #: numpy's sum of a contiguous float64 array, callable from compiled code.
-pairwise_sum = _numpy_sum if numba is None else jit(_pairwise_sum)
+pairwise_sum = jit(_pairwise_sum)

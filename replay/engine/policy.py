@@ -105,6 +105,19 @@ class PolicyView:
         return self.next_arrival != float("inf")
 
 
+@dataclass(frozen=True)
+class RunSetup:
+    """What a compiled rule may know of a run before it starts, to lay out its record:
+    the number of requests, the KV capacity and block size, and per engine id the request
+    types and the output estimates the policy plans with."""
+
+    n: int
+    kv_capacity: int
+    block_size: int
+    type_id: np.ndarray
+    estimate: np.ndarray
+
+
 class OverflowRule(Protocol):
     """Chooses which running requests to evict when a batch would exceed the KV capacity.
 

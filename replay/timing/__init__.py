@@ -1,6 +1,6 @@
-"""Timing backends: ``unit``, ``linear`` and ``vidur`` (see :mod:`replay.timing.base`)."""
+"""Timing backends: ``unit``, ``linear`` and ``vidur``; the contract they meet is
+:mod:`replay.engine.timing`, their compiled price :class:`replay.engine.rules.CompiledTiming`."""
 
-from replay.timing.base import BatchShape, TimingBackend
 from replay.timing.simple import LinearTiming, UnitTiming
 
-__all__ = ["BatchShape", "TimingBackend", "LinearTiming", "UnitTiming"]
+__all__ = ["LinearTiming", "UnitTiming"]

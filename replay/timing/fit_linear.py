@@ -46,8 +46,8 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from replay.cli import run_or_exit
+from replay.engine.timing import BatchShape
 from replay.outputs import atomic_write, atomic_write_text
-from replay.timing.base import BatchShape
 from replay.timing.shapes import MODEL_HARDWARE, compose_timing
 from replay.timing.simple import LinearTiming
 

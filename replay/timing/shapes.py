@@ -36,8 +36,8 @@ from hydra.utils import instantiate
 
 from replay.cli import run_or_exit
 from replay.config import compose_config
+from replay.engine.timing import BatchShape
 from replay.outputs import atomic_write, atomic_write_text, ensure_writable_dir
-from replay.timing.base import BatchShape
 from replay.timing.vidur_tables import TOKEN_OPS, TOKEN_ROUNDING
 
 MODEL_HARDWARE = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"))

@@ -1,4 +1,8 @@
-"""The two closed-form backends: unit time and the linear iteration-time model."""
+"""The two closed-form backends: unit time and the linear iteration-time model.
+
+Each price is one compiled function that the step loop calls and that ``duration()`` calls
+for a single shape (:class:`replay.engine.rules.CompiledTiming`).
+"""
 
 from __future__ import annotations
 
@@ -6,43 +10,82 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replay.engine.jit import jit
+from replay.engine.rules import CompiledTiming
+from replay.engine.state import new_timing_state
+from replay.engine.timing import BatchShape
 from replay.errors import ConfigError
-from replay.timing.base import BatchShape, Stretch
 
 
-class UnitTiming:
+@jit
+def _unit_price(s, timing):
+    return 1.0
+
+
+@jit
+def _unit_price_decodes(timing, m, context_sum, context_max):
+    return 1.0
+
+
+class UnitTiming(CompiledTiming):
     """Every iteration takes exactly one round (the papers' theoretical model)."""
 
     time_unit = "rounds"
-
-    def duration(self, batch: BatchShape) -> float:
-        return 1.0
-
-    def stretch_durations(self, stretch: Stretch, steps: int) -> np.ndarray:
-        return np.ones(steps)
+    price_batch = _unit_price
+    price_decodes = _unit_price_decodes
 
     def describe(self) -> dict:
         return {"backend": "unit"}
 
 
+@jit(inline="always")
+def linear_terms(new_tokens, context, is_prefill, m):
+    """``(KV tokens touched, prefill tokens, decode tokens, prompts)`` of the batch ``[:m]``:
+    the linear model's regressors besides 1 (see :class:`LinearTiming`)."""
+    touched = 0
+    prefill = 0
+    prompts = 0
+    for k in range(m):
+        touched += context[k] + new_tokens[k]
+        if is_prefill[k]:
+            prefill += new_tokens[k]
+            prompts += 1
+    return touched, prefill, m - prompts, prompts
+
+
+@jit
+def _linear_price(s, timing):
+    touched, prefill, decodes, prompts = linear_terms(s.new_tokens, s.context, s.is_prefill, s.m)
+    d = timing.floats
+    return d[0] + d[1] * touched + d[2] * prefill + d[3] * decodes + d[4] * prompts
+
+
+@jit
+def _linear_price_decodes(timing, m, context_sum, context_max):
+    # The same operations as _linear_price for m decodes: touched = context + one new token
+    # each, no prefill tokens and no prompts.
+    d = timing.floats
+    return d[0] + d[1] * (context_sum + m) + d[2] * 0 + d[3] * m + d[4] * 0
+
+
 @dataclass(frozen=True)
-class LinearTiming:
+class LinearTiming(CompiledTiming):
     """``d0 + d1 KV + d2 P + d3 D + d4 R`` seconds per iteration, all terms linear counts.
 
-    * ``KV``, the KV tokens touched: the sum over batch members of the slots they
-      hold after the iteration's new tokens are written (``context + new_tokens``),
-      the memory the attention kernels read, as in the fluid/WAIT paper's
-      ``tau = d0 + d1 * KV``. Paused requests hold KV but are not touched.
+    * ``KV``, the KV tokens touched: the sum over batch members of the slots they hold after
+      the iteration's new tokens are written (``context + new_tokens``), the memory the
+      attention kernels read, as in the fluid/WAIT paper's ``tau = d0 + d1 * KV``. Paused
+      requests hold KV but are not touched.
     * ``P``, prefill tokens: the new tokens of the members that prefill.
-    * ``D``, decode tokens: the members that decode (one new token each). ``d2`` and
-      ``d3`` are the per-token compute of the linear layers (``d2`` also carries the
-      prompts' attention); a prompt token costs about a decode token.
-    * ``R``, prompts: the members that prefill. Attention is priced per prompt (a
-      kernel call per sequence, short chunks padded), which a per-token term misses
-      when many short prompts start together.
+    * ``D``, decode tokens: the members that decode (one new token each). ``d2`` and ``d3``
+      are the per-token compute of the linear layers (``d2`` also carries the prompts'
+      attention); a prompt token costs about a decode token.
+    * ``R``, prompts: the members that prefill. Attention is priced per prompt (a kernel
+      call per sequence, short chunks padded), which a per-token term misses when many short
+      prompts start together.
 
-    With ``d3 = d4 = 0`` this is the paper's model plus the prefill term, unchanged.
-    The coefficients per model and hardware are fitted to ``timing=vidur`` by
+    With ``d3 = d4 = 0`` this is the paper's model plus the prefill term, unchanged. The
+    coefficients per model and hardware are fitted to ``timing=vidur`` by
     :mod:`replay.timing.fit_linear` (``configs/model/*.yaml``, ``linear_timing``);
     :mod:`replay.fluid.model` solves the fluid equilibrium of this form in closed form.
     """
@@ -55,6 +98,9 @@ class LinearTiming:
     source: str = "given"
     time_unit: str = "seconds"
 
+    price_batch = _linear_price
+    price_decodes = _linear_price_decodes
+
     def __post_init__(self) -> None:
         coefficients = (self.d0, self.d1, self.d2, self.d3, self.d4)
         if min(coefficients) < 0 or sum(coefficients) <= 0:
@@ -62,30 +108,17 @@ class LinearTiming:
                 f"timing.linear: coefficients must be >= 0 and not all zero, got "
                 f"d0={self.d0}, d1={self.d1}, d2={self.d2}, d3={self.d3}, d4={self.d4}")
 
+    def timing_state(self):
+        return new_timing_state(floats=[self.d0, self.d1, self.d2, self.d3, self.d4])
+
     @staticmethod
     def terms(batch: BatchShape) -> tuple[int, int, int, int]:
         """``(KV tokens touched, prefill tokens, decode tokens, prompts)``: the regressors
-        besides 1."""
-        new_tokens = int(batch.new_tokens.sum())
-        prompts = int(np.count_nonzero(batch.is_prefill))
-        prefill = int(batch.new_tokens[batch.is_prefill].sum()) if prompts else 0
-        return (int(batch.context.sum()) + new_tokens, prefill, batch.size - prompts, prompts)
-
-    def duration(self, batch: BatchShape) -> float:
-        touched, prefill, decodes, prompts = self.terms(batch)
-        return (self.d0 + self.d1 * touched + self.d2 * prefill + self.d3 * decodes
-                + self.d4 * prompts)
-
-    def stretch_durations(self, stretch: Stretch, steps: int) -> np.ndarray:
-        # The same float operations as duration(), one element per iteration: the terms are
-        # whole numbers, so summing them in another order changes nothing. Within a stretch
-        # only KV grows; prefill tokens, decodes and prompts are constants.
-        chunk_total = int(stretch.chunk.sum())
-        per_step = stretch.decodes + chunk_total  # new tokens, and the growth of the context
-        touched = (stretch.decode_context_sum + int(stretch.chunk_context.sum())
-                   + per_step * np.arange(1, steps + 1, dtype=np.int64))
-        return (self.d0 + self.d1 * touched + self.d2 * chunk_total + self.d3 * stretch.decodes
-                + self.d4 * int(stretch.chunk.size))
+        besides 1, as the price counts them."""
+        terms = linear_terms(np.ascontiguousarray(batch.new_tokens, dtype=np.int64),
+                             np.ascontiguousarray(batch.context, dtype=np.int64),
+                             np.ascontiguousarray(batch.is_prefill, dtype=np.bool_), batch.size)
+        return tuple(int(term) for term in terms)
 
     def coefficients(self) -> dict[str, float]:
         return {"d0": self.d0, "d1": self.d1, "d2": self.d2, "d3": self.d3, "d4": self.d4}
@@ -93,3 +126,4 @@ class LinearTiming:
     def describe(self) -> dict:
         return {"backend": "linear", **self.coefficients(), "source": self.source,
                 "form": "d0 + d1*KV touched + d2*prefill tokens + d3*decode tokens + d4*prompts"}
+

@@ -66,18 +66,20 @@ import pandas as pd
 
 from replay import data
 from replay.data import file_record, require_file
+from replay.engine.rules import CompiledTiming, counters_of
+from replay.engine.state import TimingState, new_timing_state
+from replay.engine.timing import BatchShape
 from replay.errors import ConfigError, InputError
-from replay.timing import aiconfigurator, attention_7b
-from replay.timing.base import BatchShape, Stretch
+from replay.timing import aiconfigurator, attention_7b, vidur_pricing
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
+from replay.timing.vidur_pricing import BEYOND_PROFILE_MODES, OUT_OF_RANGE_KINDS
 from replay.timing.vidur_spec import PredictionLimits, PredictorSpec, ProfileFiles
-from replay.timing.vidur_tables import CHUNK_ROUNDING, TOKEN_ROUNDING, VidurTables, export_tables
+from replay.timing.vidur_tables import VidurTables, export_tables
 
 log = logging.getLogger(__name__)
 
 TABLES_FORMAT = 1
 OUT_OF_RANGE_MODES = ("error", "extrapolate")
-BEYOND_PROFILE_MODES = ("linear", "flat", "measured")
 ATTENTION_SOURCES = ("auto", "profile", "derived")
 
 
@@ -89,10 +91,13 @@ def _sha256_json(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-class VidurTiming:
-    """Iteration time from Vidur's predictor for ``model`` on ``tensor_parallel`` x ``device``."""
+class VidurTiming(CompiledTiming):
+    """Iteration time from Vidur's predictor for ``model`` on ``tensor_parallel`` x ``device``;
+    the price itself is :mod:`replay.timing.vidur_pricing`."""
 
     time_unit = "seconds"
+    price_batch = vidur_pricing.price_batch
+    price_decodes = vidur_pricing.price_decodes
 
     def __init__(self, profile_dir: str, model: str, device: str, tensor_parallel: int,
                  network_device: str = "a100_pairwise_nvlink", predictor: str = "random_forest",
@@ -232,177 +237,69 @@ class VidurTiming:
         return VidurTables.load(tables_file), json.loads(info_file.read_text())
 
     def _bind_tables(self, tables: VidurTables) -> None:
-        # Local copies keep the hot path free of attribute chains.
-        self._token_ms, self._decode_ms, self._prefill_ms = (
-            tables.token_ms, tables.decode_ms, tables.prefill_ms)
-        self._ms_to_s = tables.num_layers * 1e-3
-        self._granularity = tables.kv_granularity
-        self._max_tokens = tables.max_tokens
-        self._max_batch = tables.max_batch_size
+        self._max_tokens, self._max_batch = tables.max_tokens, tables.max_batch_size
         self._max_chunk = tables.max_prefill_chunk
-        self._check_chunk = self._max_chunk < self._max_tokens
-        self._batch_scaling = None
+        measured = None
         if self.beyond_profile == "measured":
             if not self.num_kv_heads:
                 raise ConfigError("timing.beyond_profile=measured needs timing.num_kv_heads "
                                   "(the model's KV heads)")
             per_gpu = int(self.num_kv_heads) // self.spec.tensor_parallel
-            self._batch_scaling = aiconfigurator.decode_batch_scaling(per_gpu, self._max_batch)
-
-    def decode_batch_factor(self, n_decode: int, mean_context: float) -> float:
-        """Decode attention of ``n_decode > max_batch_size`` requests over that of the largest
-        profiled batch at the same context, as ``beyond_profile`` says."""
-        edge = self._max_batch
-        if self.beyond_profile == "linear":
-            return n_decode / edge
-        if self.beyond_profile == "flat":
-            return 1.0
-        lengths, sizes, ratio = self._batch_scaling
-        x = np.log(max(mean_context, 1.0))
-        log_lengths = np.log(lengths)
-        per_size = np.array([np.interp(x, log_lengths, ratio[:, k]) for k in range(sizes.size)])
-        if n_decode >= sizes[-1]:
-            return float(per_size[-1] * n_decode / sizes[-1])
-        return float(np.interp(np.log(n_decode), np.log(sizes), per_size))
+            lengths, sizes, ratio = aiconfigurator.decode_batch_scaling(per_gpu, self._max_batch)
+            measured = (np.log(lengths), np.log(sizes), ratio, float(sizes[-1]))
+        self._record = dict(
+            ints=[tables.kv_granularity, tables.max_tokens, tables.max_batch_size,
+                  tables.max_prefill_chunk, tables.max_prefill_chunk < tables.max_tokens,
+                  self.out_of_range == "error", BEYOND_PROFILE_MODES.index(self.beyond_profile)],
+            floats=[tables.num_layers * 1e-3, measured[3] if measured else 0.0],
+            table=tables.token_ms, grid=tables.decode_ms, grid2=tables.prefill_ms,
+            table2=measured[0] if measured else (), table3=measured[1] if measured else (),
+            grid3=np.ascontiguousarray(measured[2]) if measured else None)
 
     # -- timing -----------------------------------------------------------------------------
 
-    def duration(self, batch: BatchShape) -> float:
+    def timing_state(self) -> TimingState:
+        return new_timing_state(**self._record, counters=np.zeros(3, dtype=np.int64))
+
+    def finish(self, record: TimingState) -> None:
+        """Count the run's (or the shape's) batches beyond the profile, saying so the first
+        time a kind is met."""
+        for kind, count in zip(OUT_OF_RANGE_KINDS, counters_of(record).tolist(), strict=True):
+            if count and self.out_of_range_batches[kind] == 0:
+                log.warning("timing.vidur: extrapolating beyond the profile (%s) in %d batches",
+                            kind, count)
+            self.out_of_range_batches[kind] += count
+
+    def price_error(self, batch: BatchShape, record: TimingState) -> Exception:
+        kinds = [kind for kind, count in zip(OUT_OF_RANGE_KINDS, counters_of(record).tolist(),
+                                             strict=True) if count]
         new_tokens, context = batch.new_tokens, batch.context
-        n = new_tokens.shape[0]
-        total = int(new_tokens.sum())
-        granularity = self._granularity
-        if total == n:
-            # Decodes only (every request feeds at least one token): three reductions.
-            if n > self._max_batch or int(context.max()) >= self._max_tokens:
-                return self._out_of_range(new_tokens, context, total, new_tokens == 1, n)
-            mean_context = int(context.sum()) // n
-            return float(self._token_ms[-(-n // TOKEN_ROUNDING) * TOKEN_ROUNDING]
-                         + self._decode_ms[n, -(-mean_context // granularity)]) * self._ms_to_s
-        decode = new_tokens == 1
-        n_decode = int(np.count_nonzero(decode))
-        if (total > self._max_tokens or n_decode > self._max_batch
-                or int((context + new_tokens).max()) > self._max_tokens
-                or (self._check_chunk and int(new_tokens.max()) > self._max_chunk)):
-            return self._out_of_range(new_tokens, context, total, decode, n_decode)
-        ms = self._token_ms[-(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING]
-        if n_decode:
-            mean_context = int(context[decode].sum()) // n_decode
-            ms += self._decode_ms[n_decode, -(-mean_context // granularity)]
-        prefill = ~decode
-        ms += self._prefill_ms[(context[prefill] + (granularity - 1)) // granularity,
-                               (new_tokens[prefill] + (CHUNK_ROUNDING - 1)) // CHUNK_ROUNDING
-                               ].sum()
-        return float(ms) * self._ms_to_s
-
-    def stretch_durations(self, stretch: Stretch, steps: int) -> np.ndarray:
-        """:meth:`duration` of each iteration of ``stretch``, up to the profile's edge (the
-        first out-of-range iteration is left to :meth:`duration`, which counts it)."""
-        n, chunk, chunk_context = stretch.decodes, stretch.chunk, stretch.chunk_context
-        context_sum, context_max = stretch.decode_context_sum, stretch.decode_context_max
-        single = chunk == 1
-        n_single = int(np.count_nonzero(single))
-        if n_single:
-            # duration() tells decodes by their one new token: a one-token chunk is one.
-            n += n_single
-            context_sum += int(chunk_context[single].sum())
-            context_max = max(context_max, int(chunk_context[single].max()))
-            chunk, chunk_context = chunk[~single], chunk_context[~single]
-        total = n + int(chunk.sum()) if chunk.size else n
-        if (total > self._max_tokens or n > self._max_batch
-                or (chunk.size and self._check_chunk and int(chunk.max()) > self._max_chunk)):
-            return np.zeros(0)
-        if n:
-            steps = min(steps, self._max_tokens - context_max)
-        if chunk.size:  # the largest j with chunk_context + (j + 1) * chunk <= max_tokens, + 1
-            steps = min(steps, int(((self._max_tokens - chunk_context) // chunk).min()))
-        steps = max(steps, 0)
-        granularity = self._granularity
-        ms = self._token_ms[-(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING]
-        if n:
-            # Step j's mean context is (context_sum + n j) // n = context_sum // n + j; its
-            # grid column rounds that up, as duration() does.
-            first = context_sum // n + granularity - 1
-            ms = ms + self._decode_ms[n, np.arange(first, first + steps, dtype=np.int64)
-                                      // granularity]
-        if chunk.size:
-            # One row per iteration, members in batch order: each row sums like duration()'s.
-            context = chunk_context + np.arange(steps, dtype=np.int64)[:, None] * chunk
-            ms = ms + self._prefill_ms[(context + (granularity - 1)) // granularity,
-                                       (chunk + (CHUNK_ROUNDING - 1)) // CHUNK_ROUNDING
-                                       ].sum(axis=1)
-        return ms * self._ms_to_s  # an array: the stretch has a decode or a chunk
-
-    def _out_of_range(self, new_tokens, context, total, decode, n_decode) -> float:
-        kinds = []
-        if total > self._max_tokens:
-            kinds.append("tokens")
-        if n_decode > self._max_batch:
-            kinds.append("decode_batch")
-        if (int((context + new_tokens).max()) > self._max_tokens
-                or int(new_tokens.max()) > self._max_chunk):
-            kinds.append("context")
-        detail = (f"{new_tokens.shape[0]} requests, {total} new tokens, {n_decode} decodes, "
-                  f"max context {int(context.max())}, max chunk {int(new_tokens.max())}; "
-                  f"profiled limits: {self._max_tokens} tokens per iteration and per request, "
-                  f"{self._max_batch} decodes, chunks up to {self._max_chunk}")
-        if self.out_of_range == "error":
-            raise VidurRangeError(
-                f"timing.vidur: batch outside the profiled range ({', '.join(kinds)}): {detail}. "
-                f"Cap the batch in the policy, or set timing.out_of_range=extrapolate to scale "
-                f"from the edge of the profile (see replay/timing/vidur.py)")
-        for kind in kinds:
-            if self.out_of_range_batches[kind] == 0:
-                log.warning("timing.vidur: extrapolating beyond the profile (%s): %s", kind, detail)
-            self.out_of_range_batches[kind] += 1
-        return self._extrapolated_ms(new_tokens, context, total, decode, n_decode) * self._ms_to_s
-
-    def _extrapolated_ms(self, new_tokens, context, total, decode, n_decode) -> float:
-        token, decode_attention, prefill_attention = self._parts_ms(new_tokens, context, total,
-                                                                    decode, n_decode)
-        return float(token + decode_attention + prefill_attention)
+        n_decode = int(np.count_nonzero(new_tokens == 1))
+        detail = (f"{new_tokens.shape[0]} requests, {int(new_tokens.sum())} new tokens, "
+                  f"{n_decode} decodes, max context {int(context.max())}, max chunk "
+                  f"{int(new_tokens.max())}; profiled limits: {self._max_tokens} tokens per "
+                  f"iteration and per request, {self._max_batch} decodes, chunks up to "
+                  f"{self._max_chunk}")
+        return VidurRangeError(
+            f"timing.vidur: batch outside the profiled range ({', '.join(kinds)}): {detail}. "
+            f"Cap the batch in the policy, or set timing.out_of_range=extrapolate to scale "
+            f"from the edge of the profile (see replay/timing/vidur.py)")
 
     def parts(self, batch: BatchShape) -> dict[str, float]:
-        """:meth:`duration` split into Vidur's three summed parts, in seconds: the token-wise
+        """The price split into Vidur's three summed parts, in seconds: the token-wise
         operations at the batch's new tokens, decode attention, prefill attention (per
         prompt). Inside the profile their sum is :meth:`duration`; outside it, what
         ``out_of_range=extrapolate`` prices (without counting the batch)."""
-        new_tokens, context = batch.new_tokens, batch.context
-        decode = new_tokens == 1
-        parts = self._parts_ms(new_tokens, context, int(new_tokens.sum()), decode,
-                               int(np.count_nonzero(decode)))
+        new_tokens = np.ascontiguousarray(batch.new_tokens, dtype=np.int64)
+        context = np.ascontiguousarray(batch.context, dtype=np.int64)
+        record = self.timing_state()
+        parts = vidur_pricing.parts_ms(new_tokens, context, new_tokens.size,
+                                       int(new_tokens.sum()),
+                                       int(np.count_nonzero(new_tokens == 1)), record,
+                                       np.empty(max(new_tokens.size, 1)))
+        scale = self._record["floats"][0]
         return dict(zip(("token_ops", "decode_attention", "prefill_attention"),
-                        (float(p) * self._ms_to_s for p in parts), strict=True))
-
-    def _parts_ms(self, new_tokens, context, total, decode, n_decode):
-        granularity = self._granularity
-        rounded = -(-total // TOKEN_ROUNDING) * TOKEN_ROUNDING
-        if rounded <= self._max_tokens:
-            token = self._token_ms[rounded]
-        else:
-            token = self._token_ms[self._max_tokens] * rounded / self._max_tokens
-        decode_ms, prefill_ms = 0.0, 0.0
-        if n_decode:
-            batch = min(n_decode, self._max_batch)
-            kv = -(-(int(context[decode].sum()) // n_decode) // granularity) * granularity
-            kv_edge = min(kv, self._max_tokens)
-            decode_ms = (self._decode_ms[batch, kv_edge // granularity]
-                         * (self.decode_batch_factor(n_decode, kv) if n_decode > batch else 1.0)
-                         * (kv / kv_edge if kv > kv_edge else 1.0))
-        prefill = ~decode
-        if prefill.any():
-            q, cached = new_tokens[prefill], context[prefill]
-            inside = (cached + q <= self._max_tokens) & (q <= self._max_chunk)
-            kv = -(-cached // granularity) * granularity
-            chunk = -(-q // CHUNK_ROUNDING) * CHUNK_ROUNDING
-            chunk_edge = np.where(inside, chunk, np.minimum(chunk, self._max_chunk))
-            kv_edge = np.where(inside, kv, np.minimum(
-                kv, (self._max_tokens - chunk_edge) // granularity * granularity))
-            flops_ratio = chunk * (kv + chunk / 2) / (chunk_edge * (kv_edge + chunk_edge / 2))
-            prefill_ms = float((self._prefill_ms[kv_edge // granularity,
-                                                 chunk_edge // CHUNK_ROUNDING]
-                                * flops_ratio).sum())
-        return token, decode_ms, prefill_ms
+                        (float(p) * scale for p in parts), strict=True))
 
     def _beyond_profile_provenance(self) -> dict:
         what = {"linear": "decode attention past the largest profiled decode batch scales "

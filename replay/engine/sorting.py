@@ -1,4 +1,4 @@
-"""The sorting and searching that the compiled decisions and step loop need, over int64.
+"""The sorting and searching that the step loop and the compiled decisions need, over int64.
 
 Written out rather than taken from numba's ``np.sort``, ``np.argsort`` (of either kind)
 and ``np.searchsorted``: numba builds those from generic templates whose compilation cost
@@ -9,13 +9,14 @@ serves every caller; callers whose keys are unique get what numpy would give the
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from replay.engine.jit import jit
 
 #: Runs of this many elements are insertion-sorted before the merging starts.
 _RUN = 16
 
 
-@njit(cache=True)
+@jit
 def stable_argsort(keys, n):
     """``np.argsort(keys[:n], kind="stable")``: a new int64 array (insertion-sorted runs,
     then bottom-up merges; ties keep their input order)."""
@@ -60,7 +61,7 @@ def stable_argsort(keys, n):
     return source
 
 
-@njit(cache=True)
+@jit
 def sorted_copy(values, n):
     """``np.sort(values[:n])``: a new array."""
     order = stable_argsort(values, n)
@@ -70,7 +71,7 @@ def sorted_copy(values, n):
     return result
 
 
-@njit(cache=True)
+@jit
 def search_left(ascending, value):
     """``np.searchsorted(ascending, value)``: the first index whose element is not below
     ``value`` (``ascending.size`` if none)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -30,29 +30,6 @@ class BatchShape:
         return int(self.new_tokens.shape[0])
 
 
-_NO_CHUNKS = np.zeros(0, dtype=np.int64)
-
-
-@dataclass(frozen=True, slots=True)
-class Stretch:
-    """Consecutive iterations of one batch in which nothing starts or finishes its prompt
-    and nothing completes before the last: the shape the engine fast-forwards.
-
-    ``decodes`` requests decode; before the first iteration their contexts sum to
-    ``decode_context_sum`` (largest ``decode_context_max``), and each grows by one
-    slot per iteration. Prefilling member ``k`` (in batch order, after the decodes)
-    feeds ``chunk[k]`` prompt tokens every iteration and holds ``chunk_context[k]``
-    slots before the first, so ``chunk_context[k] + j * chunk[k]`` before iteration
-    ``j`` (counted from 0).
-    """
-
-    decodes: int
-    decode_context_sum: int
-    decode_context_max: int
-    chunk: np.ndarray = field(default_factory=lambda: _NO_CHUNKS)
-    chunk_context: np.ndarray = field(default_factory=lambda: _NO_CHUNKS)
-
-
 @runtime_checkable
 class TimingBackend(Protocol):
     """Maps one iteration's :class:`BatchShape` to its duration.
@@ -62,12 +39,8 @@ class TimingBackend(Protocol):
     the run summary records about the backend (coefficients, profile files and
     their hashes, provenance of any substituted data).
 
-    A backend may also offer ``stretch_durations(stretch, steps)``: the durations
-    of the first ``steps`` iterations of a :class:`Stretch`, each exactly what
-    :meth:`duration` returns for that iteration's shape. It may return a shorter
-    prefix (e.g. up to the edge of a profile). The engine uses it to price a
-    steady stretch at once (see ``Batch.steady_steps``); without it every
-    iteration is priced on its own.
+    A backend written in Python runs through the engine's bridge; a built-in backend's
+    price is a compiled function (:class:`replay.engine.rules.CompiledTiming`).
     """
 
     time_unit: str

@@ -1,0 +1,621 @@
+"""The phases of one engine step, each a compiled function over the engine's state record.
+
+A step (:func:`replay.engine.loop.run_steps` runs them in order):
+
+1. :func:`release_arrivals`: requests whose arrival time has come join the waiting queue;
+2. the policy decides (its own compiled function, or Python through
+   :mod:`replay.engine.bridge`); :func:`apply_decision` carries out its preemptions,
+   applies the engine's caps and lays out the batch's members;
+3. :func:`price`: the batch's shape (chunks, KV gains, blocks), its duration from the timing
+   backend and the KV it would hold afterwards;
+4. :func:`fail_attempt` when that exceeds the capacity (the attempt is charged and the
+   overflow rule evicts), otherwise :func:`execute`: admissions, progress, token times,
+   completions and the iteration's row in the log;
+5. :func:`run_stretch` after a step the policy promised steady: the same batch again,
+   without asking the policy, for as long as the promise and the run's own stops allow.
+
+The KV and queue rules every phase relies on are here too: :func:`evict` (free a running
+request and requeue it), :func:`complete`, :func:`queue_append`. Nothing here knows any
+policy or timing backend: they are the function pointers the loop is given.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.engine.histogram import fold_values
+from replay.engine.jit import jit
+from replay.engine.paging import blocks
+from replay.engine.sorting import stable_argsort
+from replay.engine.state import DONE, RUNNING, WAITING
+
+#: ``EngineState.outcome`` once the run stops: why.
+COMPLETED, LIVELOCK, STALLED, STEP_LIMIT = 1, 2, 3, 4
+#: Integer columns of the iteration log (``log_ints`` rows), after start_time and duration
+#: (``log_times``) and before failed (``log_failed``).
+(L_BATCH, L_STARTED, L_PREFILL, L_DECODE, L_PEAK, L_AFTER, L_COMPLETED, L_EVICTED) = range(8)
+LOG_COLUMNS = 8
+
+
+# ---------------------------------------------------------------------------- the queue
+@jit
+def queue_append(s, ids, k):
+    """Queue ``ids[:k]`` behind everything waiting (moving the queue to the buffer's front when
+    the tail would pass its end; the buffer holds every request and one more)."""
+    queue = s.queue
+    head, tail = s.qhead, s.qtail
+    if tail + k > queue.size:
+        size = tail - head
+        for i in range(size):
+            queue[i] = queue[head + i]
+        head, tail = 0, size
+    for i in range(k):
+        queue[tail + i] = ids[i]
+    s.qhead, s.qtail = head, tail + k
+    s.queue_version += 1
+
+
+@jit(inline="always")
+def note_joined(s, rid):
+    """``rid`` joined the waiting queue (an arrival or an eviction) since the last decision."""
+    s.joined[s.n_joined] = rid
+    s.n_joined += 1
+
+
+@jit
+def release_arrivals(s):
+    """Every request that arrived by ``now`` joins the queue; ``next_arrival`` is the first
+    that has not."""
+    n, arrival, released = s.n, s.arrival, s.released
+    if released < n and arrival[released] <= s.now:
+        upto = released
+        while upto < n and arrival[upto] <= s.now:
+            upto += 1
+        k = upto - released
+        scratch, status = s.scratch, s.status
+        for i in range(k):
+            rid = released + i
+            status[rid] = WAITING
+            scratch[i] = rid
+            note_joined(s, rid)
+        if s.next_key > n:  # a `back` requeue happened: queue behind it
+            for i in range(k):
+                s.queue_key[released + i] = s.next_key + i
+            s.next_key += k
+        queue_append(s, scratch, k)
+        s.released = released = upto
+    s.next_arrival = arrival[released] if released < n else np.inf
+
+
+# ------------------------------------------------------------------ the running set
+@jit
+def keep_running(s):
+    """Drop from the running set, in place and in order, the requests no longer running."""
+    running, status = s.running, s.status
+    kept = 0
+    for i in range(s.n_run):
+        if status[running[i]] == RUNNING:
+            running[kept] = running[i]
+            kept += 1
+    s.n_run = kept
+    s.running_version += 1
+
+
+@jit
+def evict(s, victims, nv):
+    """Free the KV of the running ones among ``victims[:nv]`` and return them to the waiting
+    queue; how many. Under ``restart`` they lose every token; under ``recompute`` they keep
+    the tokens emitted so far and must prefill ``s + generated`` when readmitted.
+    ``victims`` is reordered in place."""
+    status, held = s.status, s.held
+    k = np.int64(0)
+    for i in range(nv):
+        if status[victims[i]] == RUNNING:
+            victims[k] = victims[i]
+            k += 1
+    if k == 0:
+        return 0
+    block = s.block
+    freed = 0
+    for i in range(k):
+        rid = victims[i]
+        freed += held[rid]
+        status[rid] = WAITING
+        s.prefilled[rid] = 0
+        if not s.recompute:
+            s.generated[rid] = 0
+            s.first_token_time[rid] = np.nan
+            s.last_token_time[rid] = np.nan
+            s.max_token_gap[rid] = np.nan
+        s.prefill_len[rid] = s.prompt_len[rid] + s.generated[rid]
+        if block > 1:
+            s.blocks_held -= blocks(held[rid], block)
+        held[rid] = 0
+        s.start_iteration[rid] = -1
+        s.evictions[rid] += 1
+        note_joined(s, rid)
+    s.kv_held -= freed
+    keep_running(s)
+    queue_key, scratch = s.queue_key, s.scratch
+    if k > 1:  # in queue-key order (keys are unique)
+        for i in range(k):
+            scratch[i] = queue_key[victims[i]]
+        order = stable_argsort(scratch, k)
+        for i in range(k):
+            scratch[i] = victims[order[i]]
+        for i in range(k):
+            victims[i] = scratch[i]
+    if s.requeue_back:
+        for i in range(k):
+            queue_key[victims[i]] = s.next_key + i
+        s.next_key += k
+        queue_append(s, victims, k)
+        return k
+    # Insert each victim at its key's place (the queue is in key order): binary search, then
+    # move the shorter side by one slot (there is room before the head or after the tail:
+    # the buffer holds every request plus one).
+    queue = s.queue
+    head, tail = s.qhead, s.qtail
+    for i in range(k):
+        rid = victims[i]
+        key = queue_key[rid]
+        lo, hi = head, tail
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if queue_key[queue[mid]] < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        if head > 0 and (lo - head <= tail - lo or tail >= queue.size):
+            for j in range(head, lo):
+                queue[j - 1] = queue[j]
+            head -= 1
+            queue[lo - 1] = rid
+        else:
+            for j in range(tail, lo, -1):
+                queue[j] = queue[j - 1]
+            queue[lo] = rid
+            tail += 1
+    s.qhead, s.qtail = head, tail
+    s.queue_version += 1
+    return k
+
+
+@jit
+def complete(s, finished, nf, end):
+    """Record ``finished[:nf]`` as completed at ``end`` and free their KV."""
+    block, held = s.block, s.held
+    for i in range(nf):
+        rid = finished[i]
+        s.completion_time[rid] = end
+        s.status[rid] = DONE
+        s.kv_held -= held[rid]
+        if block > 1:
+            s.blocks_held -= blocks(held[rid], block)
+        held[rid] = 0
+    keep_running(s)
+    s.completed += nf
+    s.idle_steps = 0
+
+
+# ------------------------------------------------------------- token gaps and the log
+@jit
+def fold_gaps(s, values, k):
+    """Fold ``values[:k]`` into the token-gap histogram's counts."""
+    total, largest = fold_values(values, k, s.gap_counts, s.gap_log_lo, s.gap_log_ratio)
+    s.gap_count += k
+    s.gap_total += total
+    s.gap_max = max(s.gap_max, largest)
+
+
+@jit
+def add_gaps(s, gaps, k):
+    """Add ``gaps[:k]`` to the histogram: buffered, folded where LogHistogram.add folds."""
+    if k == 0:
+        return
+    buffer = s.gap_buffer
+    filled = s.gap_filled
+    if filled + k > buffer.size:
+        if filled:
+            fold_gaps(s, buffer, filled)
+            filled = 0
+        if k > buffer.size:
+            fold_gaps(s, gaps, k)
+            s.gap_filled = 0
+            return
+    for i in range(k):
+        buffer[filled + i] = gaps[i]
+    s.gap_filled = filled + k
+
+
+@jit
+def _grow_log(s):
+    """Twice the room in the log (element by element: numba's 2-D slice assignment costs
+    seconds of compile time)."""
+    rows = s.log_failed.size
+    old_times, old_ints, old_failed = s.log_times, s.log_ints, s.log_failed
+    times = np.zeros((2, 2 * rows), dtype=np.float64)
+    ints = np.zeros((LOG_COLUMNS, 2 * rows), dtype=np.int64)
+    failed = np.zeros(2 * rows, dtype=np.bool_)
+    for row in range(rows):
+        times[0, row] = old_times[0, row]
+        times[1, row] = old_times[1, row]
+        for column in range(LOG_COLUMNS):
+            ints[column, row] = old_ints[column, row]
+        failed[row] = old_failed[row]
+    s.log_times, s.log_ints, s.log_failed = times, ints, failed
+
+
+@jit
+def log_row(s, start, duration, batch, started, prefill, decode, peak, after, completed,
+            evicted, failed):
+    """One row of the iteration log (:data:`replay.engine.results.ITERATION_COLUMNS`)."""
+    row = s.n_log
+    if row == s.log_failed.size:
+        _grow_log(s)
+    s.log_times[0, row] = start
+    s.log_times[1, row] = duration
+    ints = s.log_ints
+    ints[L_BATCH, row] = batch
+    ints[L_STARTED, row] = started
+    ints[L_PREFILL, row] = prefill
+    ints[L_DECODE, row] = decode
+    ints[L_PEAK, row] = peak
+    ints[L_AFTER, row] = after
+    ints[L_COMPLETED, row] = completed
+    ints[L_EVICTED, row] = evicted
+    s.log_failed[row] = failed
+    s.n_log = row + 1
+
+
+# ------------------------------------------------------------------ the step's phases
+@jit
+def stop_reason(s):
+    """The outcome that stops the run before this step, or 0."""
+    if s.idle_steps > s.livelock_window:
+        return LIVELOCK
+    if s.max_steps >= 0 and s.steps >= s.max_steps:
+        return STEP_LIMIT
+    return 0
+
+
+@jit
+def apply_decision(s):
+    """Carry out the decision's preemptions, cut its admissions to the engine's caps and lay
+    out the batch: ``members[:m]`` are the advancing requests, then the admissions. Returns
+    ``(requests evicted, whether every admission was kept)``."""
+    n_evicted = 0
+    if s.n_preempt:
+        n_evicted = evict(s, s.preempt, s.n_preempt)
+    n_start = s.n_start
+    requested = n_start
+    if s.max_running >= 0 and s.n_run + n_start > s.max_running:
+        # A cap on running requests for every policy (a serving engine's batch limit): the
+        # policy's admissions are cut to the first ones in its order.
+        n_start = min(n_start, max(0, s.max_running - s.n_run))
+    if s.max_starts >= 0:
+        n_start = min(n_start, s.max_starts)
+    if n_start < requested:  # no prompt chunk for an admission the caps cut
+        for i in range(n_start, requested):
+            s.chunk_of[s.start[i]] = 0
+        s.n_start = n_start
+    members = s.members
+    if s.n_advance < 0:
+        m = s.n_run
+        running = s.running
+        for i in range(m):
+            members[i] = running[i]
+    else:
+        m = s.n_advance
+        advance = s.advance
+        for i in range(m):
+            members[i] = advance[i]
+    start = s.start
+    for i in range(n_start):
+        members[m + i] = start[i]
+    s.m = m + n_start
+    return n_evicted, n_start == requested
+
+
+@jit
+def clear_chunks(s):
+    """Forget the decision's named prompt chunks (the next decision names its own)."""
+    chunk_of, chunk_ids = s.chunk_of, s.chunk_ids
+    for i in range(s.n_chunks):
+        chunk_of[chunk_ids[i]] = 0
+    s.n_chunks = 0
+
+
+@jit
+def price(s, timing, price_batch, price_decodes):
+    """The batch's shape (``chunk``, ``gain``, ``new_tokens``, ``context``, ``is_prefill``), its
+    duration and the KV it would hold after the iteration. Returns ``(duration, KV peak,
+    prompt tokens, members that decode, decode only)``; the duration is NaN where the
+    backend refuses the batch.
+
+    A batch of decodes only (most steps) is priced from its context sum and maximum
+    (``price_decodes``, O(1)), the same operations as pricing it member by member; where
+    that has no answer (a backend without it, or beyond a profile) it is priced whole."""
+    m = s.m
+    members, chunk, context = s.members, s.chunk, s.context
+    prefill_len, prefilled, held, chunk_of = s.prefill_len, s.prefilled, s.held, s.chunk_of
+    prefill_total = 0
+    context_sum = 0
+    context_max = 0
+    for i in range(m):
+        rid = members[i]
+        c = prefill_len[rid] - prefilled[rid]
+        if chunk_of[rid] > 0:
+            c = chunk_of[rid]
+        chunk[i] = c
+        prefill_total += c
+        h = held[rid]
+        context[i] = h
+        context_sum += h
+        context_max = max(context_max, h)
+    block = s.block
+    decode_only = prefill_total == 0
+    gain_total = 0
+    new_blocks = 0
+    n_prefill = 0
+    duration = np.nan
+    gain, new_tokens, is_prefill = s.gain, s.new_tokens, s.is_prefill
+    if decode_only:
+        # Every member decodes one token (a gain of 1).
+        gain_total = m
+        if block > 1:
+            for i in range(m):
+                new_blocks += blocks(context[i] + 1, block) - blocks(context[i], block)
+        duration = price_decodes(timing, m, context_sum, context_max)
+    if np.isnan(duration):  # a prefill, or decodes the O(1) price does not cover
+        gain_total = 0
+        new_blocks = 0
+        for i in range(m):
+            rid = members[i]
+            if decode_only:
+                g = 1
+                is_prefill[i] = False
+                new_tokens[i] = 1
+            else:
+                remaining = prefill_len[rid] - prefilled[rid]
+                is_prefill[i] = remaining > 0
+                if remaining > 0:
+                    n_prefill += 1
+                g = chunk[i] + (1 if chunk[i] == remaining else 0)
+                new_tokens[i] = max(chunk[i], 1)
+            gain[i] = g
+            gain_total += g
+            if block > 1:
+                new_blocks += blocks(context[i] + g, block) - blocks(context[i], block)
+        duration = price_batch(s, timing)
+    kv_peak = s.kv_held + gain_total  # after the decision's preemptions
+    if block > 1:
+        kv_peak = (s.blocks_held + new_blocks) * block
+    return duration, kv_peak, prefill_total, m - n_prefill, decode_only, gain_total, new_blocks
+
+
+@jit
+def fail_attempt(s, rule, evict_victims, duration, kv_peak, prefill_total, n_decode,
+                 decode_only, n_evicted):
+    """The batch would exceed the capacity: the attempt fails, its time is charged, and the
+    overflow rule evicts (``evict_victims`` writes its victims to ``preempt``)."""
+    m, n_run, n_start = s.m, s.n_run, s.n_start
+    members, running, start, held = s.members, s.running, s.start, s.held
+    holders, held_after, gain_of = s.scratch, s.scratch3, s.scratch2
+    # holders: the running requests in start order, then the admissions; what each would
+    # hold after the iteration (a member's gain, nothing more for the others)
+    for i in range(n_run):
+        gain_of[running[i]] = 0
+    gain = s.gain
+    for i in range(m):  # (a batch of decodes priced in O(1) left gain unset: all 1)
+        gain_of[members[i]] = 1 if decode_only else gain[i]
+    for i in range(n_run):
+        rid = running[i]
+        holders[i] = rid
+        held_after[i] = held[rid] + gain_of[rid]
+    for i in range(n_start):
+        rid = start[i]
+        holders[n_run + i] = rid
+        held_after[n_run + i] = held[rid] + gain_of[rid]
+    victims = evict_victims(s, rule, n_run + n_start, n_run)
+    n_evicted += evict(s, s.preempt, victims)
+    log_row(s, s.now, duration, m, n_start, prefill_total, n_decode, kv_peak, s.kv_held, 0,
+            n_evicted, True)
+    s.now += duration
+    s.idle_steps += 1
+
+
+@jit
+def _admit(s):
+    """The admissions start: running, at this iteration, and out of the queue."""
+    n_start, n_run = s.n_start, s.n_run
+    start, running, status = s.start, s.running, s.status
+    iteration, now = s.iteration, s.now
+    for i in range(n_start):
+        rid = start[i]
+        status[rid] = RUNNING
+        s.start_iteration[rid] = iteration
+        s.start_time[rid] = now
+        running[n_run + i] = rid
+        s.started[s.n_started + i] = rid
+    s.n_started += n_start
+    s.n_run = n_run + n_start
+    s.running_version += 1
+    # the queue without the admissions: a prefix (its head moves), unless evictions have
+    # rebuilt it since the decision
+    queue, head, tail = s.queue, s.qhead, s.qtail
+    prefix = True
+    for i in range(n_start):
+        if status[queue[head + i]] == WAITING:
+            prefix = False
+            break
+    if prefix:
+        s.qhead = head + n_start
+    else:
+        kept = head
+        for q in range(head, tail):
+            if status[queue[q]] == WAITING:
+                queue[kept] = queue[q]
+                kept += 1
+        s.qtail = kept
+    s.queue_version += 1
+
+
+@jit
+def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_total,
+            new_blocks, n_evicted):
+    """Run the batch: admissions, progress, token times, completions and the log row.
+    Returns ``(completions, members that emitted a token)``."""
+    now = s.now
+    n_start = s.n_start
+    if n_start:
+        _admit(s)
+    end = now + duration
+    m = s.m
+    members, chunk, gain = s.members, s.chunk, s.gain
+    prefill_len, prefilled, generated, held = s.prefill_len, s.prefilled, s.generated, s.held
+    last_token_time, max_token_gap = s.last_token_time, s.max_token_gap
+    gaps, finished = s.float_scratch, s.scratch
+    n_gaps = np.int64(0)
+    n_finished = np.int64(0)
+    emitters = 0
+    for i in range(m):
+        rid = members[i]
+        if decode_only:
+            generated[rid] += 1
+            held[rid] += 1
+            emits = True
+        else:
+            emits = chunk[i] == prefill_len[rid] - prefilled[rid]
+            prefilled[rid] += chunk[i]
+            if emits:
+                generated[rid] += 1
+            held[rid] += gain[i]
+        if not emits:
+            continue
+        emitters += 1
+        tokens = generated[rid]
+        if not decode_only and tokens == 1:
+            s.first_token_time[rid] = end
+        else:
+            gap = end - last_token_time[rid]
+            gaps[n_gaps] = gap
+            n_gaps += 1
+            max_token_gap[rid] = np.fmax(max_token_gap[rid], gap)
+        last_token_time[rid] = end
+        if tokens == s.output_len[rid]:
+            finished[n_finished] = rid
+            n_finished += 1
+    s.kv_held += gain_total
+    if s.block > 1:
+        s.blocks_held += new_blocks
+    add_gaps(s, gaps, n_gaps)
+    if n_finished:
+        complete(s, finished, n_finished, end)
+    else:
+        s.idle_steps += 1
+    log_row(s, now, duration, m, n_start, prefill_total, n_decode, kv_peak, s.kv_held,
+            n_finished, n_evicted, False)
+    s.now = end
+    s.iteration += 1
+    return n_finished, emitters
+
+
+# ------------------------------------------------------------------ the steady stretch
+@jit
+def run_stretch(s, timing, price_batch, price_decodes, room, decode_only):
+    """Repeat the batch just executed, which the policy promised would repeat for ``room``
+    more steps, without asking it: until the next step would start at or after the next
+    arrival, take a prompt's last chunk, exceed the KV capacity or meet the run's own stops,
+    or until a step has completed a request. Results are those of the step loop (the
+    engine defines a kept promise to change nothing but speed)."""
+    s.n_start = 0  # the batch's admissions run now: they repeat as members, not as starts
+    if decode_only:
+        done, go_on = _decode_stretch(s, timing, price_decodes, room)
+        if not go_on:
+            return
+        room -= done
+    chunk_of, prefill_len, prefilled, members = s.chunk_of, s.prefill_len, s.prefilled, s.members
+    for _ in range(room):
+        if s.now >= s.next_arrival or stop_reason(s):
+            return
+        for i in range(s.m):  # a chunk that is its prompt's last emits: the batch changes
+            rid = members[i]
+            remaining = prefill_len[rid] - prefilled[rid]
+            if remaining > 0 and (chunk_of[rid] == 0 or chunk_of[rid] >= remaining):
+                return
+        duration, kv_peak, prefill_total, n_decode, only_decodes, gain_total, new_blocks = \
+            price(s, timing, price_batch, price_decodes)
+        if np.isnan(duration) or kv_peak > s.capacity:
+            return
+        s.steps += 1
+        n_finished, _ = execute(s, duration, kv_peak, prefill_total, n_decode, only_decodes,
+                                gain_total, new_blocks, 0)
+        if n_finished:
+            return
+
+
+@jit
+def _decode_stretch(s, timing, price_decodes, room):
+    """The stretch of a batch of decodes, each step priced in O(1) from the context sum and
+    maximum and every member's tokens written once at the end, up to (not including) the
+    step that completes a request. Returns ``(steps done, whether the stretch goes on step
+    by step)``: it does where the O(1) price had no answer, and for the completing step."""
+    m, members = s.m, s.members
+    output_len, generated, held = s.output_len, s.generated, s.held
+    completing = output_len[members[0]] - generated[members[0]]
+    context_sum = 0
+    context_max = 0
+    for i in range(m):
+        rid = members[i]
+        completing = min(completing, output_len[rid] - generated[rid])
+        context_sum += held[rid]
+        context_max = max(context_max, held[rid])
+    block, capacity = s.block, s.capacity
+    growth = np.zeros(block, dtype=np.int64)  # members by held % block
+    if block > 1:
+        for i in range(m):
+            growth[held[members[i]] % block] += 1
+    gaps = s.float_scratch
+    done = 0
+    longest = 0.0
+    now = s.now
+    go_on = False
+    while done < room:
+        if done == completing - 1:
+            go_on = True
+            break
+        if now >= s.next_arrival or stop_reason(s):
+            break
+        duration = price_decodes(timing, m, context_sum + done * m, context_max + done)
+        if np.isnan(duration):
+            go_on = True
+            break
+        new_blocks = growth[(-done) % block] if block > 1 else 0
+        peak = (s.blocks_held + new_blocks) * block if block > 1 else s.kv_held + m
+        if peak > capacity:
+            break
+        end = now + duration
+        gap = end - now
+        for i in range(m):
+            gaps[i] = gap
+        add_gaps(s, gaps, m)
+        longest = max(longest, gap)
+        s.kv_held += m
+        s.blocks_held += new_blocks
+        log_row(s, now, duration, m, 0, 0, m, peak, s.kv_held, 0, 0, False)
+        s.steps += 1
+        s.iteration += 1
+        s.idle_steps += 1
+        now = end
+        done += 1
+    s.now = now
+    if done:
+        last_token_time, max_token_gap = s.last_token_time, s.max_token_gap
+        for i in range(m):
+            rid = members[i]
+            generated[rid] += done
+            held[rid] += done
+            last_token_time[rid] = now
+            max_token_gap[rid] = np.fmax(max_token_gap[rid], longest)
+    return done, go_on

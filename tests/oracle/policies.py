@@ -1,0 +1,361 @@
+"""Plain numpy statements of every built-in compiled rule, for the oracle engine.
+
+Each takes the production object for its parameters (so both read the same config) and
+decides from a :class:`~replay.engine.policy.PolicyView` with whole-array numpy, as the
+policies were written before their decisions were compiled, without the speed-ups (kept
+orders, hints, galloping) and without steady-step promises (the oracle asks at every
+step). :func:`oracle_of` maps a production policy to its oracle twin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.fcfs import FCFSLookahead
+from policies.mcsf import MCSF
+from policies.nested_wait import NestedWait
+from policies.paper_fcfs import PaperFCFS
+from policies.protection import AlphaProtection
+from policies.sarathi import SarathiLike
+from policies.vllm import VLLMLike
+from policies.wait import Wait
+from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
+from replay.engine.policy import Batch, PolicyView
+from replay.errors import ConfigError
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def blocks(tokens, block_size: int):
+    """Blocks needed to hold ``tokens >= 0`` slots (elementwise)."""
+    if not isinstance(tokens, int):
+        tokens = np.asarray(tokens)
+    return (tokens + (block_size - 1)) // block_size
+
+
+# ------------------------------------------------------------------------ overflow rules
+class OracleClearAll:
+    def evict(self, holders, held_after, kv_capacity, rng, n_running):
+        return holders[:n_running]
+
+
+class OracleClearEachWithProb:
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+
+    def evict(self, holders, held_after, kv_capacity, rng, n_running):
+        return holders[:n_running][rng.random(holders.size)[:n_running] < self.beta]
+
+
+class OracleEvictLIFO:
+    def evict(self, holders, held_after, kv_capacity, rng, n_running):
+        excess = int(held_after.sum()) - kv_capacity
+        order = np.arange(n_running)[::-1]
+        if excess <= 0 or order.size == 0:
+            return holders[:0]
+        freed = np.cumsum(held_after[order])
+        return holders[order[:int(np.searchsorted(freed, excess, side="left")) + 1]]
+
+
+def oracle_overflow(rule):
+    if isinstance(rule, ClearEachWithProb):
+        return OracleClearEachWithProb(rule.beta)
+    return {ClearAll: OracleClearAll, EvictLIFO: OracleEvictLIFO}[type(rule)]()
+
+
+# ------------------------------------------------------------------------- lookahead
+def peak_kv(base: np.ndarray, remaining: np.ndarray, block: int) -> int:
+    """The largest KV the requests hold at any checkpoint ``c`` in ``remaining`` (those with
+    ``remaining >= c`` hold ``base + c`` slots, in whole blocks)."""
+    best = 0
+    for c in np.unique(remaining):
+        alive = remaining >= c
+        best = max(best, int((blocks(base[alive] + c, block) * block).sum()))
+    return best
+
+
+def lookahead_prefix(view: PolicyView, candidates: np.ndarray) -> int:
+    """The longest prefix of ``candidates`` that passes the lookahead check beside the
+    running set, walking it and stopping at the first failure."""
+    run = view.running
+    est, gen = view.predicted_output, view.generated
+    base = view.prompt_len[run] + gen[run]
+    remaining = np.maximum(est[run] - gen[run], 1)
+    count = 0
+    for rid in candidates:
+        base = np.append(base, view.prefill_len[rid])
+        remaining = np.append(remaining, max(int(est[rid]) - int(gen[rid]), 1))
+        if peak_kv(base, remaining, view.kv_block_size) > view.kv_capacity:
+            break
+        count += 1
+    return count
+
+
+class OracleFCFS:
+    def __init__(self, policy) -> None:
+        self.overflow = oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        return Batch(start=view.waiting[:lookahead_prefix(view, view.waiting)])
+
+
+class OracleMCSF(OracleFCFS):
+    def decide(self, view: PolicyView) -> Batch:
+        waiting = view.waiting
+        order = waiting[np.lexsort((waiting, view.predicted_output[waiting]))]
+        return Batch(start=order[:lookahead_prefix(view, order)])
+
+
+class OracleProtection:
+    def __init__(self, policy) -> None:
+        self.alpha, self.overflow = policy.alpha, oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        waiting = view.waiting
+        budget = (1.0 - self.alpha) * view.kv_capacity - view.kv_held
+        first_step = np.cumsum(view.prompt_len[waiting] + 1)
+        return Batch(start=waiting[: int(np.searchsorted(first_step, budget, side="right"))])
+
+
+class OraclePaperFCFS(OracleFCFS):
+    def decide(self, view: PolicyView) -> Batch:
+        block, running, waiting = view.kv_block_size, view.running, view.waiting
+        capacity = view.kv_capacity // block
+        free = capacity - int(blocks(view.held[running], block).sum())
+        need = np.cumsum(blocks(view.prefill_len[waiting] + 1, block))
+        start = waiting[: int(np.searchsorted(need, free, side="right"))]
+        admitted = int(need[start.size - 1]) if start.size else 0
+        gain = view.prefill_len[running] - view.prefilled[running] + 1
+        after = blocks(view.held[running] + gain, block)
+        excess = int(after.sum()) + admitted - capacity
+        if excess <= 0:
+            return Batch(start=start)
+        latest_first = np.argsort(view.start_iteration[running], kind="stable")[::-1]
+        freed = np.cumsum(after[latest_first])
+        evict = latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]
+        keep = np.ones(running.size, dtype=bool)
+        keep[evict] = False
+        return Batch(start=start, advance=running[keep], preempt=running[~keep])
+
+
+# ---------------------------------------------------------------------------- serving
+def preempt_latest_until_fit(ids, blocks_after, capacity_blocks):
+    """Mask of ``ids`` kept when the latest arrivals (largest ids) are preempted until the
+    rest fit; None when all fit."""
+    excess = int(blocks_after.sum()) - capacity_blocks
+    if excess <= 0:
+        return None
+    keep = np.ones(ids.size, dtype=bool)
+    latest_first = np.argsort(ids, kind="stable")[::-1]
+    freed = np.cumsum(blocks_after[latest_first])
+    keep[latest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]] = False
+    return keep
+
+
+class OracleVLLM:
+    def __init__(self, policy: VLLMLike) -> None:
+        self.p, self.overflow = policy, oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p, block = self.p, view.kv_block_size
+        capacity = view.kv_capacity // block
+        running = view.running
+        free = capacity - int(blocks(view.held[running], block).sum())
+        waiting = view.waiting[: max(0, p.max_num_seqs - running.size)]
+        if waiting.size:
+            if int(view.prefill_len[waiting[0]]) > p.max_num_batched_tokens:
+                raise ConfigError("max_num_batched_tokens below a prefill")
+            watermark = int(p.watermark * capacity)
+            prefill = view.prefill_len[waiting]
+            needed = np.cumsum(blocks(prefill + 1, block))
+            fits = (np.cumsum(prefill) <= p.max_num_batched_tokens) & (
+                free - needed >= watermark)
+            count = int(np.argmin(fits)) if not fits.all() else fits.size
+            if count == 0 and running.size == 0:
+                count = 1  # the watermark is waived for a lone request
+            if count:
+                return Batch(start=waiting[:count], advance=_EMPTY)
+        keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block),
+                                        capacity)
+        if keep is None:
+            return Batch()
+        return Batch(advance=running[keep], preempt=running[~keep])
+
+
+class OracleSarathi:
+    def __init__(self, policy: SarathiLike) -> None:
+        self.p, self.overflow = policy, oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p, block = self.p, view.kv_block_size
+        running = view.running
+        remaining = view.prefill_len[running] - view.prefilled[running]
+        if p.reserve_prompt:
+            occupied = np.where(remaining == 0, view.held[running] + 1,
+                                view.prefill_len[running] + 1)
+        else:
+            occupied = view.held[running] + (remaining == 0)
+        occupied = blocks(occupied, block)
+        capacity = view.kv_capacity // block
+        keep = preempt_latest_until_fit(running, occupied, capacity)
+        if keep is None:
+            keep = np.ones(running.size, dtype=bool)
+        kept, preempted = running[keep], running[~keep]
+        remaining, occupied = remaining[keep], occupied[keep]
+        decodes, prefilling = kept[remaining == 0], kept[remaining > 0]
+        plan = _ChunkPlan(view, p.chunk_size - decodes.size, capacity - int(occupied.sum()),
+                          p.reserve_prompt)
+        for rid in prefilling:
+            plan.continue_prefill(int(rid))
+        while not plan.chunks and decodes.size == 0 and prefilling.size > 1:
+            victim, prefilling = prefilling[-1], prefilling[:-1]
+            preempted = np.append(preempted, victim)
+            plan.free += blocks(int(view.held[victim]), block)
+            plan.continue_prefill(int(prefilling[0]))
+        watermark = int(p.watermark * capacity)
+        seats = p.max_num_seqs - kept.size
+        for rid in view.waiting:
+            if seats <= 0 or not plan.admit(int(rid), watermark,
+                                            lone=kept.size + len(plan.started) == 0):
+                break
+            seats -= 1
+        chunked = np.array([r for r in prefilling if r in plan.chunks], dtype=np.int64)
+        return Batch(start=np.array(plan.started, dtype=np.int64),
+                     advance=np.concatenate((decodes, chunked)), preempt=preempted,
+                     prefill_chunks=plan.partial or None)
+
+
+class _ChunkPlan:
+    """Hands out the iteration's prompt-token budget and free blocks, chunk by chunk."""
+
+    def __init__(self, view: PolicyView, budget: int, free_blocks: int, reserve: bool) -> None:
+        self.view, self.budget, self.free, self.reserve = view, budget, free_blocks, reserve
+        self.block = view.kv_block_size
+        self.chunks: dict[int, int] = {}
+        self.partial: dict[int, int] = {}
+        self.started: list[int] = []
+
+    def _chunk(self, rid: int, room_blocks: int | None) -> int:
+        view = self.view
+        remaining = int(view.prefill_len[rid] - view.prefilled[rid])
+        chunk = min(remaining, self.budget)
+        if room_blocks is not None:
+            held = int(view.held[rid])
+            room = room_blocks * self.block + (-held) % self.block
+            chunk = min(chunk, room)
+            if chunk == remaining and chunk + 1 > room:
+                chunk = room - 1
+        return max(chunk, 0)
+
+    def _take(self, rid: int, chunk: int) -> None:
+        view = self.view
+        self.chunks[rid] = chunk
+        self.budget -= chunk
+        emits = bool(chunk == view.prefill_len[rid] - view.prefilled[rid])
+        if not emits:
+            self.partial[rid] = chunk
+        if not self.reserve:
+            held = int(view.held[rid])
+            self.free -= blocks(held + chunk + emits, self.block) - blocks(held, self.block)
+
+    def continue_prefill(self, rid: int) -> None:
+        chunk = self._chunk(rid, None if self.reserve else self.free)
+        if chunk > 0:
+            self._take(rid, chunk)
+
+    def admit(self, rid: int, watermark: int, lone: bool) -> bool:
+        floor = 0 if lone else watermark
+        if self.reserve:
+            needed = blocks(int(self.view.prefill_len[rid]) + 1, self.block)
+            if self.free - needed < floor:
+                return False
+            chunk = self._chunk(rid, None)
+            if chunk > 0:
+                self.free -= needed
+        else:
+            chunk = self._chunk(rid, self.free - floor)
+        if chunk <= 0:
+            return False
+        self._take(rid, chunk)
+        self.started.append(rid)
+        return True
+
+
+# ------------------------------------------------------------------- WAIT, Nested WAIT
+def first_per_group(keys: np.ndarray, limits: np.ndarray) -> np.ndarray:
+    """Mask of the first ``limits[i]`` elements of each key, in input order."""
+    keep = np.zeros(keys.size, dtype=bool)
+    seen: dict[int, int] = {}
+    for i, key in enumerate(keys.tolist()):
+        seen[key] = seen.get(key, 0) + 1
+        keep[i] = seen[key] <= limits[i]
+    return keep
+
+
+class OracleWait:
+    def __init__(self, policy: Wait) -> None:
+        self.p, self.overflow = policy, oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p = self.p
+        waiting, running = view.waiting, view.running
+        per_stage = p.per_stage
+        wait_type, run_type = view.type_id[waiting], view.type_id[running]
+        ready = np.bincount(wait_type, minlength=per_stage.size) >= per_stage
+        if not view.more_arrivals:
+            ready[:] = True
+        elif p.max_wait is not None:
+            cutoff = view.now - p.max_wait
+            ready[np.unique(wait_type[view.arrival[waiting] < cutoff])] = True
+            ready[np.unique(run_type[view.arrival[running] < cutoff])] = True
+        if not ready.any():
+            return Batch(advance=_EMPTY)
+        start = waiting[ready[wait_type]]
+        start = start[first_per_group(view.type_id[start], per_stage[view.type_id[start]])]
+        active = np.sort(running[ready[run_type]])
+        active_type = view.type_id[active]
+        stage_key = active_type * int(p.output_len.max() + 1) + view.generated[active]
+        return Batch(start=start, advance=active[first_per_group(stage_key,
+                                                                  per_stage[active_type])])
+
+
+class OracleNestedWait:
+    def __init__(self, policy: NestedWait) -> None:
+        self.p, self.overflow = policy, oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p = self.p
+        waiting, running = view.waiting, view.running
+        stage = view.generated[running]
+        inner = p.edges[1:-1]
+        entry = np.empty(p.per_stage.size, dtype=np.int64)
+        entry[0] = waiting.size
+        position = np.searchsorted(inner, stage)
+        at_entry = (inner[np.minimum(position, inner.size - 1)] == stage if inner.size
+                    else stage < 0)
+        entry[1:] = np.bincount(position[at_entry], minlength=inner.size)
+        meets = entry >= p.per_stage
+        open_segments = int(np.argmin(meets)) if not meets.all() else meets.size
+        if not view.more_arrivals or (
+                p.max_wait is not None and (
+                    (waiting.size and view.arrival[waiting[0]] < view.now - p.max_wait)
+                    or (running.size and view.arrival[running].min() < view.now - p.max_wait))):
+            open_segments = meets.size
+        if open_segments == 0:
+            return Batch(advance=_EMPTY)
+        segment = position + at_entry
+        active = running[segment < open_segments]
+        by_age = np.argsort(active)
+        active, active_segment = active[by_age], segment[segment < open_segments][by_age]
+        keep = first_per_group(view.generated[active], p.per_stage[active_segment])
+        return Batch(start=waiting[: p.per_stage[0]], advance=active[keep])
+
+
+ORACLES = {FCFSLookahead: OracleFCFS, MCSF: OracleMCSF, AlphaProtection: OracleProtection,
+           PaperFCFS: OraclePaperFCFS, VLLMLike: OracleVLLM, SarathiLike: OracleSarathi,
+           Wait: OracleWait, NestedWait: OracleNestedWait}
+
+
+def oracle_of(policy):
+    """The oracle twin of a built-in compiled policy."""
+    return ORACLES[type(policy)](policy)
