@@ -13,9 +13,9 @@ named). ``--user-policy`` adds a user's own Python policy to the grid: the docum
 example (``docs/examples/longest_prompt_first.py``, loaded as a user would install it),
 whose decision runs in Python, called from the same compiled step loop; the ``policy``
 column says which kind of decision ran (``compiled`` or ``python``). ``--sorted``
-measures the Sorted-F family instead: one Phase-1 plan of Sorted-F (swap, quantile) over 2,000 and 20,000 waiting requests,
-and the LP's build and solve time at the sizes of C1 (Uniform, n = 100, M = 100) and C2
-(mixed, n = 2,000).
+measures the Sorted-F family instead: one Phase-1 plan of Sorted-F (swap, quantile) over
+2,000 and 20,000 waiting requests, and the LP's build and solve time at the sizes of C1
+(Uniform, n = 100, M = 100) and C2 (mixed, n = 2,000).
 Not a test: numbers depend on the machine.
 """
 
