@@ -214,3 +214,17 @@ def test_the_cli_reports_a_gpu_the_database_lacks_on_one_line(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: timing.system is null: hardware.aiconfigurator_system"), last
     assert "Traceback" not in proc.stderr
+
+
+def test_the_step_price_runs_inside_compiled_code():
+    """The compiled engine calls the step price from its own nopython loop."""
+    from numba import njit
+
+    @njit
+    def two_steps(new_tokens, context, is_prefill, tables):
+        return (kernel_db_seconds(new_tokens, context, is_prefill, 1, *tables)
+                + kernel_db_seconds(new_tokens, context, is_prefill, 3, *tables))
+
+    batch = shape([4, 1, 1], [8, 2, 6])
+    total = two_steps(batch.new_tokens, batch.context, batch.is_prefill, TABLES) * 1e3
+    assert total == pytest.approx(price_ms([4], [8]) + price_ms([4, 1, 1], [8, 2, 6]), rel=1e-12)

@@ -356,3 +356,22 @@ def test_shared_profile_composes_from_model_and_hardware(data_dir):
                                          "hardware=rtxpro6000x1", "timing=layer_profile"]).timing)
     decode = shape([1] * 64, [1000] * 64)
     assert 0 < timing.duration(decode) < single.duration(decode)
+
+
+def test_the_step_price_runs_inside_compiled_code(tmp_path):
+    """The compiled engine calls the step price from its own nopython loop."""
+    from numba import njit
+
+    from replay.timing.layer_profile_step import layer_profile_seconds
+
+    @njit
+    def two_steps(new_tokens, context, is_prefill, tables):
+        return (layer_profile_seconds(new_tokens, context, is_prefill, 1, *tables)
+                + layer_profile_seconds(new_tokens, context, is_prefill, 3, *tables))
+
+    timing = toy(tmp_path)
+    batch = shape([16, 1, 1], [64, 16, 48])
+    compiled = two_steps(batch.new_tokens, batch.context, batch.is_prefill,
+                         timing.tables.arguments())
+    first = BatchShape(batch.new_tokens[:1], batch.context[:1], batch.is_prefill[:1])
+    assert compiled == timing.duration(first) + timing.duration(batch)

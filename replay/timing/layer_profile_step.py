@@ -55,7 +55,7 @@ ALLREDUCES_PER_LAYER = 2
 def _lookup_ns(keys, values, query):
     """A layer's nanoseconds at ``query`` tokens or sequences: ``max(1, int(...))`` of the
     interpolated value, as ``_lookup_dense`` and ``_lookup_per_sequence`` round it."""
-    return max(1, int(interpolate(keys, values, max(query, 1))))
+    return max(1, int(interpolate(keys, values, float(max(query, 1)))))
 
 
 @njit(cache=True)
@@ -66,7 +66,7 @@ def _row_value(row, kd, row_kd_start, row_kd_size, kd_axis, attention_ns):
     values = attention_ns[start:start + size]
     if size == 1:
         return values[0]
-    return interpolate(keys, values, max(kd, 0))
+    return interpolate(keys, values, float(max(kd, 0)))
 
 
 @njit(cache=True)
@@ -74,7 +74,7 @@ def _slice_value(s, kp, kd, slice_kp_start, slice_kp_size, kp_axis, row_kd_start
                  row_kd_size, kd_axis, attention_ns):
     """Bilinear in (prefill context, decode context) within one measured slice."""
     start = slice_kp_start[s]
-    lo, hi, t = bracket(kp_axis[start:start + slice_kp_size[s]], max(kp, 0))
+    lo, hi, t = bracket(kp_axis[start:start + slice_kp_size[s]], float(max(kp, 0)))
     low = _row_value(start + lo, kd, row_kd_start, row_kd_size, kd_axis, attention_ns)
     if lo == hi:
         return low
@@ -107,8 +107,8 @@ def attention_layer_ns(pc, kp, nd, kd, pc_axis, nd_axis, slice_of, slice_kp_star
                        attention_ns):
     """One decoder layer's attention at (summed prefill chunk ``pc``, summed prefill context
     ``kp``, decodes ``nd``, decode context ``kd``): linear in each of the four axes."""
-    p0, p1, tp = bracket(pc_axis, max(pc, 0))
-    n0, n1, tn = bracket(nd_axis, max(nd, 0))
+    p0, p1, tp = bracket(pc_axis, float(max(pc, 0)))
+    n0, n1, tn = bracket(nd_axis, float(max(nd, 0)))
     c00 = _corner(p0, n0, kp, kd, pc_axis, nd_axis, slice_of, slice_kp_start, slice_kp_size,
                   kp_axis, row_kd_start, row_kd_size, kd_axis, attention_ns)
     c01 = _corner(p0, n1, kp, kd, pc_axis, nd_axis, slice_of, slice_kp_start, slice_kp_size,
@@ -144,9 +144,9 @@ def skew_alpha(pc, nd, skew_rate, kv_big, kp, skew_pc, skew_n_bins, skew_rate_bi
             q = i
     if q < 0:
         return default
-    alpha = skew_alpha_table[q, _bucket(skew_n_bins, nd),
+    alpha = skew_alpha_table[q, _bucket(skew_n_bins, float(nd)),
                              _bucket(skew_rate_bins, min(max(skew_rate, 0.0), 1.0)),
-                             _bucket(skew_kv_bins, kv_big), _bucket(skew_kp_bins, kp)]
+                             _bucket(skew_kv_bins, float(kv_big)), _bucket(skew_kp_bins, float(kp))]
     return default if np.isnan(alpha) else alpha
 
 
