@@ -14,8 +14,10 @@ from tests.conftest import DATA_DIR
 CONFIGS = CONFIG_DIR
 GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONFIGS / g).glob("*.yaml"))]
-#: Components that need the data directory (or a slow predictor build) to instantiate.
-NEEDS_DATA = {("timing", "vidur")}
+#: Components that need the data directory (or a slow predictor build) to instantiate; the
+#: per-layer profiles exist for some models and GPUs only (tests/test_timing_layer_profile.py
+#: instantiates one).
+NEEDS_DATA = {("timing", "vidur"), ("timing", "layer_profile")}
 
 
 def compose_with(*overrides: str):
