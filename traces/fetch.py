@@ -38,6 +38,15 @@ TRACE_FILES: tuple[RemoteFile, ...] = (
                "aa5e1571214b75a08a040638bda43bf83402cd03",
                "lmsys_chat_1m_dataset/output_trace/input<257_output<257.csv",
                "626612facf53f4d67b5aecb9b27da7cb1245bb0a8df67a2abcd0fc4c658f1444", 4_028_459),
+    # Mooncake FAST'25 traces (Apache-2.0), pinned to commits of the origin that hold them.
+    RemoteFile("traces/mooncake/conversation_trace.jsonl", "kvcache-ai/Mooncake",
+               "a2a4b18ac537fd798d50e6e9f57031ce86419a37",
+               "FAST25-release/traces/conversation_trace.jsonl",
+               "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df", 3_029_533),
+    RemoteFile("traces/mooncake/synthetic_trace.jsonl", "kvcache-ai/Mooncake",
+               "3cca71daccf2a7afb8fe3f0295358f70e3a69fdb",
+               "FAST25-release/traces/synthetic_trace.jsonl",
+               "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131", 1_136_313),
     # The commit and path of this one could not be confirmed offline: the hash check decides.
     RemoteFile("traces/sharegpt_val_10k_llama2.csv", "AKafakA/vidur_opt_scheduler", "main",
                "data/trace_data/sharegpt/sharegpt_val_10k_llama2.csv",

@@ -121,4 +121,5 @@ class TraceTimestamps:
             raise ArrivalError("arrivals=trace needs a workload with an arrival column "
                                "(e.g. workload=splitwise_conv)")
         t = np.asarray(trace_arrival, dtype=float)
-        return (t - t.min()) / self.speedup if t.size else t
+        # NaN marks a later turn of a session, released by the engine: it stays NaN.
+        return (t - np.nanmin(t)) / self.speedup if t.size else t

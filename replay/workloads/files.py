@@ -90,7 +90,7 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
     return frame, file_record(p)
 
 
-def _cap_rows(requests: Requests, drop_nonpositive: bool, caps: dict[str, int | None],
+def cap_rows(requests: Requests, drop_nonpositive: bool, caps: dict[str, int | None],
               over_cap: str) -> tuple[Requests, dict[str, int]]:
     """Apply the zero-length rule and the length caps; return the kept rows and the counts.
 
@@ -189,7 +189,7 @@ class CsvTrace:
         )
         caps = {"prompt_len": self.max_prompt_len, "output_len": self.max_output_len,
                 "total_len": self.max_total_len}
-        kept, dropped = _cap_rows(rows, self.drop_nonpositive, caps, self.over_cap)
+        kept, dropped = cap_rows(rows, self.drop_nonpositive, caps, self.over_cap)
         return replace(kept, dropped=dropped)
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
