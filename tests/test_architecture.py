@@ -65,3 +65,15 @@ def test_the_engine_names_no_policy():
         named = {name for name in classes if f"{name}(" in text or f" {name}," in text}
         assert not named, (path, named)
         assert not {name for name in names if f"policies.{name}" in text}, path
+
+
+def test_every_module_with_compiled_functions_keys_the_compile_cache():
+    """The disk cache is keyed by the sources of every module that defines compiled
+    functions (replay.engine.jit.JIT_SOURCES): a module missing from the list would let a
+    caller load stale machine code after an edit of it."""
+    from replay.engine.jit import JIT_SOURCES
+
+    compiled = {str(path.relative_to(REPO)) for root in ("replay", "policies", "traces")
+                for path in (REPO / root).rglob("*.py")
+                if "@jit" in path.read_text() or " = jit(" in path.read_text()}
+    assert compiled | {"replay/engine/jit.py"} == set(JIT_SOURCES)

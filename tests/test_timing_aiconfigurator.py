@@ -20,7 +20,7 @@ from replay.timing.aiconfigurator_timing import (
     geometric_axis,
     hf_config,
 )
-from replay.timing.base import BatchShape
+from replay.engine.timing import BatchShape
 
 LLAMA_8B = dict(architecture="LlamaForCausalLM", num_layers=32, hidden_size=4096,
                 num_q_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,

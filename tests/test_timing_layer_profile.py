@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from replay.errors import ConfigError, InputError
-from replay.timing.base import BatchShape
+from replay.engine.timing import BatchShape
 from replay.timing.layer_profile import ARCHITECTURES, PER_SEQUENCE, LayerProfileTiming
 from tests.conftest import DATA_DIR
 

@@ -37,6 +37,8 @@ JIT_SOURCES = (
     "replay/engine/loop.py", "replay/engine/rules.py", "replay/engine/sorting.py",
     "replay/engine/paging.py", "replay/engine/numeric.py", "replay/engine/histogram.py",
     "replay/engine/overflow.py", "replay/timing/simple.py", "replay/timing/vidur_pricing.py",
+    "replay/timing/grid_lookup.py", "replay/timing/layer_profile_step.py",
+    "replay/timing/aiconfigurator_step.py",
     "policies/common/lookahead.py", "policies/common/serving.py",
     "policies/common/staging.py", "policies/fcfs.py", "policies/mcsf.py",
     "policies/protection.py", "policies/paper_fcfs.py", "policies/vllm.py",

@@ -27,14 +27,14 @@ attention in proportion to ``batch * kv``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from replay.engine.jit import jit
 
 from replay.timing.grid_lookup import clamped_bilinear
 
 MS = 1e-3
 
 
-@njit(cache=True)
+@jit
 def _proportional(table, count):
     """``table[count]``, or beyond the table's end its last entry scaled by the count."""
     last = table.shape[0] - 1
@@ -43,12 +43,12 @@ def _proportional(table, count):
     return table[last] * count / last
 
 
-@njit(cache=True)
+@jit
 def _pairs(chunk, prefix):
     return chunk * (prefix + (chunk + 1.0) / 2.0)
 
 
-@njit(cache=True)
+@jit
 def prefill_attention_ms(chunk_axis, prefix_axis, prefill_ms, chunk, prefix):
     """One request's prefill attention (all layers), scaled by attention pairs off the grid."""
     c = min(max(chunk, chunk_axis[0]), chunk_axis[-1])
@@ -59,7 +59,7 @@ def prefill_attention_ms(chunk_axis, prefix_axis, prefill_ms, chunk, prefix):
     return value
 
 
-@njit(cache=True)
+@jit
 def decode_attention_ms(batch_axis, kv_axis, decode_ms, batch, kv):
     """``batch`` decodes reading ``kv`` keys each (all layers), scaled by ``batch * kv`` off
     the grid."""
@@ -71,7 +71,7 @@ def decode_attention_ms(batch_axis, kv_axis, decode_ms, batch, kv):
     return value
 
 
-@njit(cache=True)
+@jit
 def kernel_db_seconds(new_tokens, context, is_prefill, m, token_ms, logits_ms, chunk_axis,
                       prefix_axis, prefill_ms, batch_axis, kv_axis, decode_ms):
     """Seconds of one step of the batch ``new_tokens[:m]``, ``context[:m]``,

@@ -38,7 +38,7 @@ from replay.data import file_record
 from replay.errors import ConfigError
 from replay.params import check
 from replay.timing.aiconfigurator_step import kernel_db_seconds
-from replay.timing.base import BatchShape
+from replay.engine.timing import BatchShape
 
 log = logging.getLogger(__name__)
 

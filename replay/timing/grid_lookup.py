@@ -11,10 +11,10 @@ extrapolates linearly from the last two.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from replay.engine.jit import jit
 
 
-@njit(cache=True)
+@jit
 def bracket(axis, query):
     """``(lo, hi, t)``: the value at ``query`` is ``v[lo] + t * (v[hi] - v[lo])``."""
     n = axis.shape[0]
@@ -28,7 +28,7 @@ def bracket(axis, query):
     return lo, hi, (query - axis[lo]) / (axis[hi] - axis[lo])
 
 
-@njit(cache=True)
+@jit
 def interpolate(axis, values, query):
     """``values`` (one per point of ``axis``) at ``query``, placed by :func:`bracket`."""
     lo, hi, t = bracket(axis, query)
@@ -37,7 +37,7 @@ def interpolate(axis, values, query):
     return values[lo] + t * (values[hi] - values[lo])
 
 
-@njit(cache=True)
+@jit
 def clamped_bilinear(x_axis, y_axis, table, x, y):
     """``table[i, j]`` (measured at ``x_axis[i]``, ``y_axis[j]``) at ``(x, y)`` clamped into
     the grid, bilinear between the four surrounding points."""

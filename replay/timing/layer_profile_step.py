@@ -38,7 +38,7 @@ The tables arrive as flat arrays (built by :func:`replay.timing.layer_profile.lo
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from replay.engine.jit import jit
 
 from replay.timing.grid_lookup import bracket, interpolate
 
@@ -51,14 +51,14 @@ F_SKEW_DEFAULT, F_ALLREDUCE_BYTES_PER_TOKEN, F_LINK_BYTES_PER_S, F_LINK_LATENCY_
 ALLREDUCES_PER_LAYER = 2
 
 
-@njit(cache=True)
+@jit
 def _lookup_ns(keys, values, query):
     """A layer's nanoseconds at ``query`` tokens or sequences: ``max(1, int(...))`` of the
     interpolated value, as ``_lookup_dense`` and ``_lookup_per_sequence`` round it."""
     return max(1, int(interpolate(keys, values, float(max(query, 1)))))
 
 
-@njit(cache=True)
+@jit
 def _row_value(row, kd, row_kd_start, row_kd_size, kd_axis, attention_ns):
     start = row_kd_start[row]
     size = row_kd_size[row]
@@ -69,7 +69,7 @@ def _row_value(row, kd, row_kd_start, row_kd_size, kd_axis, attention_ns):
     return interpolate(keys, values, float(max(kd, 0)))
 
 
-@njit(cache=True)
+@jit
 def _slice_value(s, kp, kd, slice_kp_start, slice_kp_size, kp_axis, row_kd_start,
                  row_kd_size, kd_axis, attention_ns):
     """Bilinear in (prefill context, decode context) within one measured slice."""
@@ -82,7 +82,7 @@ def _slice_value(s, kp, kd, slice_kp_start, slice_kp_size, kp_axis, row_kd_start
     return low + t * (high - low)
 
 
-@njit(cache=True)
+@jit
 def _corner(p, n, kp, kd, pc_axis, nd_axis, slice_of, slice_kp_start, slice_kp_size, kp_axis,
             row_kd_start, row_kd_size, kd_axis, attention_ns):
     """The slice at grid point ``(p, n)``, or where none was measured the nearest measured
@@ -101,7 +101,7 @@ def _corner(p, n, kp, kd, pc_axis, nd_axis, slice_of, slice_kp_start, slice_kp_s
                         row_kd_size, kd_axis, attention_ns)
 
 
-@njit(cache=True)
+@jit
 def attention_layer_ns(pc, kp, nd, kd, pc_axis, nd_axis, slice_of, slice_kp_start,
                        slice_kp_size, kp_axis, row_kd_start, row_kd_size, kd_axis,
                        attention_ns):
@@ -122,7 +122,7 @@ def attention_layer_ns(pc, kp, nd, kd, pc_axis, nd_axis, slice_of, slice_kp_star
     return max(1, int(v0 + tp * (v1 - v0)))
 
 
-@njit(cache=True)
+@jit
 def _bucket(bins, value):
     """The bucket ``i`` with ``bins[i] < value <= bins[i + 1]`` (the last one past the end)."""
     labels = bins.shape[0] - 1
@@ -132,7 +132,7 @@ def _bucket(bins, value):
     return labels - 1
 
 
-@njit(cache=True)
+@jit
 def skew_alpha(pc, nd, skew_rate, kv_big, kp, skew_pc, skew_n_bins, skew_rate_bins,
                skew_kv_bins, skew_kp_bins, skew_alpha_table, default):
     """The fitted alpha of the batch's bucket, or ``default`` where the fit has none (its
@@ -150,7 +150,7 @@ def skew_alpha(pc, nd, skew_rate, kv_big, kp, skew_pc, skew_n_bins, skew_rate_bi
     return default if np.isnan(alpha) else alpha
 
 
-@njit(cache=True)
+@jit
 def layer_profile_seconds(new_tokens, context, is_prefill, m, op_keys, op_ns, op_sizes,
                           op_counts, op_per_sequence, pc_axis, nd_axis, slice_of,
                           slice_kp_start, slice_kp_size, kp_axis, row_kd_start, row_kd_size,
