@@ -13,6 +13,7 @@ import logging
 import numpy as np
 import pytest
 
+from replay.engine.timing import BatchShape
 from replay.errors import ConfigError
 from replay.timing.aiconfigurator_step import kernel_db_seconds
 from replay.timing.aiconfigurator_timing import (
@@ -20,7 +21,6 @@ from replay.timing.aiconfigurator_timing import (
     geometric_axis,
     hf_config,
 )
-from replay.engine.timing import BatchShape
 
 LLAMA_8B = dict(architecture="LlamaForCausalLM", num_layers=32, hidden_size=4096,
                 num_q_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,

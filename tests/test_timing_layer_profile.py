@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from replay.errors import ConfigError, InputError
 from replay.engine.timing import BatchShape
+from replay.errors import ConfigError, InputError
 from replay.timing.layer_profile import ARCHITECTURES, PER_SEQUENCE, LayerProfileTiming
 from tests.conftest import DATA_DIR
 

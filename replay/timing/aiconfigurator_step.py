@@ -27,8 +27,8 @@ attention in proportion to ``batch * kv``.
 from __future__ import annotations
 
 import numpy as np
-from replay.engine.jit import jit
 
+from replay.engine.jit import jit
 from replay.timing.grid_lookup import clamped_bilinear
 
 MS = 1e-3

@@ -35,10 +35,10 @@ import numpy as np
 
 from replay import data
 from replay.data import file_record
+from replay.engine.timing import BatchShape
 from replay.errors import ConfigError
 from replay.params import check
 from replay.timing.aiconfigurator_step import kernel_db_seconds
-from replay.engine.timing import BatchShape
 
 log = logging.getLogger(__name__)
 

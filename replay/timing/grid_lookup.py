@@ -11,6 +11,7 @@ extrapolates linearly from the last two.
 from __future__ import annotations
 
 import numpy as np
+
 from replay.engine.jit import jit
 
 

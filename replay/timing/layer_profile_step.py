@@ -38,8 +38,8 @@ The tables arrive as flat arrays (built by :func:`replay.timing.layer_profile.lo
 from __future__ import annotations
 
 import numpy as np
-from replay.engine.jit import jit
 
+from replay.engine.jit import jit
 from replay.timing.grid_lookup import bracket, interpolate
 
 #: Indices into ``ints``.
