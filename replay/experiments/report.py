@@ -36,6 +36,7 @@ from replay.data import CACHE_ENV, cache_dir
 from replay.experiments import time_spent
 from replay.experiments.claims import CLAIMS, PAPERS
 from replay.experiments.targets import MANIFEST
+from replay.experiments.verdicts import DIFFERS, MEASURED_CAUSE, VERDICTS, verdict_word
 from replay.results import TABLE_NAME
 
 #: Known limits of the data and of the timing model that a reader of any number should know.
@@ -116,6 +117,27 @@ class Figure:
     numbers: pd.DataFrame | None = None  # read for the results pages when small
 
 
+#: Why a figure is not published when the numbers behind it are empty, by file name (the
+#: report says so in its place; any other empty figure gets the generic reason).
+EMPTY_FIGURE_REASONS = {
+    "ratio_hist.png": "no trial was proven optimal within the study's time limit, so there "
+                      "is no ratio to draw (the histogram counts proven trials only)",
+}
+
+
+def empty_reason(png: Path, csv: Path | None) -> str | None:
+    """Why the figure ``png`` is withheld (its CSV has no rows), or None to publish it."""
+    if csv is None:
+        return None
+    try:
+        numbers = pd.read_csv(csv)
+    except pd.errors.EmptyDataError:
+        numbers = pd.DataFrame()
+    if len(numbers) and numbers.notna().any().any():
+        return None
+    return EMPTY_FIGURE_REASONS.get(png.name, f"the numbers behind it ({csv.name}) are empty")
+
+
 @dataclass
 class TargetView:
     """What the report and the results pages show of one target."""
@@ -127,6 +149,7 @@ class TargetView:
     failure: dict | None = None
     claims: list[dict] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
+    withheld: list[tuple[str, str]] = field(default_factory=list)  # (figure, why not shown)
 
     @property
     def ran(self) -> bool:
@@ -159,6 +182,27 @@ class TargetView:
         return [claim["verdict"] for claim in self.claims]
 
 
+#: The columns of a claim's parts table, as the pages print them.
+PART_COLUMNS = ("kind", "quantity", "paper", "tolerance", "min. sample", "measured", "sample",
+                "verdict")
+
+
+def claim_view(claim, out_dir: Path) -> dict:
+    """What the pages show of one claim judged on ``out_dir``: its verdict and sentence,
+    and its parts table (every part with the paper's number, tolerance and minimum sample,
+    and what was measured), and the per-case lines."""
+    judged = claim.judge(out_dir)
+    parts = pd.DataFrame([(p.kind, p.quantity, p.paper, p.tolerance, p.min_sample, r.measured,
+                           r.sample, r.verdict) for p, r in judged["parts"]],
+                         columns=list(PART_COLUMNS))
+    detail = [f"{p.quantity}: {r.sentence}" for p, r in judged["parts"]
+              if r.sentence != judged["sentence"]]
+    detail += [line for _, r in judged["parts"] for line in r.detail]
+    return {"paper": f"{PAPERS[claim.paper]}, {claim.section}", "statement": claim.statement,
+            "verdict": judged["verdict"], "sentence": judged["sentence"],
+            "word": verdict_word(judged["verdict"]), "parts": parts, "detail": detail}
+
+
 def target_views(targets: dict, outputs_root: Path, quick: bool) -> list[TargetView]:
     """Every target's state, claims and figures, from its folder under ``outputs_root``."""
     views = []
@@ -174,18 +218,19 @@ def target_views(targets: dict, outputs_root: Path, quick: bool) -> list[TargetV
             continue
         view.manifest = json.loads((out_dir / MANIFEST).read_text())
         view.state = "done"
-        for claim in CLAIMS.get(name, []):
-            verdict, measured = claim.judge(out_dir)
-            view.claims.append({"paper": f"{PAPERS[claim.paper]}, {claim.section}",
-                                "statement": claim.statement, "verdict": verdict,
-                                "measured": measured})
+        view.claims = [claim_view(claim, out_dir) for claim in CLAIMS.get(name, ())]
         for figure in view.manifest["figures"]:
             png = out_dir / figure
             if not png.is_file():
                 view.state = "outputs missing"
                 continue
             csv = png.with_suffix(".csv")
-            view.figures.append(Figure(png.name, png, csv if csv.is_file() else None))
+            csv = csv if csv.is_file() else None
+            reason = empty_reason(png, csv)
+            if reason is not None:
+                view.withheld.append((png.name, reason))
+                continue
+            view.figures.append(Figure(png.name, png, csv))
     return views
 
 
@@ -195,7 +240,9 @@ def _html_table(frame: pd.DataFrame) -> str:
 
 
 def _markdown_table(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g", missingval="")
+    """``frame`` as a Markdown table; a ``|`` inside a cell is escaped."""
+    text = frame.map(lambda v: v.replace("|", "\\|") if isinstance(v, str) else v)
+    return text.to_markdown(index=False, floatfmt=".4g", missingval="")
 
 
 def _input_files(outputs_root: Path, views: list[TargetView], quick: bool) -> pd.DataFrame:
@@ -292,7 +339,7 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
         quick=quick, code_version=code_version(),
         built=time.strftime("%Y-%m-%d %H:%M:%S %Z"), table_name=TABLE_NAME,
         d1_table=d1_table, crosscheck=crosscheck, caveats=CAVEATS,
-        files=_html_table(_input_files(outputs_root, views, quick)),
+        files=_html_table(_input_files(outputs_root, views, quick)), html_table=_html_table,
         build_seconds=time.perf_counter() - started)
     report_dir.mkdir(parents=True, exist_ok=True)
     out = report_dir / "index.html"
@@ -342,8 +389,15 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
     # Before writing: the pages themselves would make the checkout look edited ("-dirty").
     version = code_version()
     written = []
+    counts, differing = [], []
     for letter, (page, title) in SERIES.items():
         series = [v for v in views if v.name.startswith(letter)]
+        claims = [(v, c) for v in series for c in v.claims]
+        counts.append({"title": title, "page": page, "total": len(claims),
+                       "counts": [sum(c["word"] == w for _, c in claims) for w in VERDICTS]})
+        differing += [{"target": v.name, "page": page, "paper": c["paper"],
+                       "verdict": c["verdict"], "sentence": c["sentence"]}
+                      for v, c in claims if c["word"] in (DIFFERS, MEASURED_CAUSE)]
         for view in series:
             shutil.rmtree(results_dir / "figures" / view.name, ignore_errors=True)
             for figure in view.figures:
@@ -377,4 +431,9 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
         written.append(out)
     written.append(write_time_page(targets, outputs_root, results_dir, quick, version,
                                    reference_root))
+    index = results_dir / "index.md"
+    index.write_text(_TEMPLATES.get_template("index.md.j2").render(
+        built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version, quick=quick,
+        words=VERDICTS, counts=counts, differing=differing))
+    written.append(index)
     return written
