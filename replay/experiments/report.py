@@ -36,7 +36,13 @@ from replay.data import CACHE_ENV, cache_dir
 from replay.experiments import time_spent
 from replay.experiments.claims import CLAIMS, PAPERS
 from replay.experiments.targets import MANIFEST
-from replay.experiments.verdicts import DIFFERS, MEASURED_CAUSE, VERDICTS, verdict_word
+from replay.experiments.verdicts import (
+    DIFFERS,
+    MEASURED_CAUSE,
+    NOT_MEASURED,
+    VERDICTS,
+    verdict_word,
+)
 from replay.results import TABLE_NAME
 
 #: Known limits of the data and of the timing model that a reader of any number should know.
@@ -195,8 +201,9 @@ def claim_view(claim, out_dir: Path) -> dict:
     parts = pd.DataFrame([(p.kind, p.quantity, p.paper, p.tolerance, p.min_sample, r.measured,
                            r.sample, r.verdict) for p, r in judged["parts"]],
                          columns=list(PART_COLUMNS))
+    # The other parts' sentences, where they say more than their row of the table.
     detail = [f"{p.quantity}: {r.sentence}" for p, r in judged["parts"]
-              if r.sentence != judged["sentence"]]
+              if r.sentence != judged["sentence"] and r.verdict != NOT_MEASURED]
     detail += [line for _, r in judged["parts"] for line in r.detail]
     return {"paper": f"{PAPERS[claim.paper]}, {claim.section}", "statement": claim.statement,
             "verdict": judged["verdict"], "sentence": judged["sentence"],

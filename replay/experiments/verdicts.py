@@ -242,6 +242,14 @@ def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def count(n: int, unit: str) -> str:
+    """``n`` with its unit, singular for one: ``1 run (values of n)``, ``3 seeds``."""
+    word, _, rest = unit.partition(" ")
+    if n == 1 and word.endswith("s"):
+        word = word[:-1]
+    return f"{n} {word}" + (f" {rest}" if rest else "")
+
+
 def upper_first(text: str) -> str:
     """``text`` with its first letter upper-case (names such as MC-SF keep their case)."""
     return text[:1].upper() + text[1:]
@@ -264,10 +272,10 @@ def paper_range(low: float, high: float, unit: str = "") -> str:
 def judge_value(measured: float, n: int, low: float, high: float, tolerance: Tolerance,
                 min_sample: int, what: str, sample_unit: str, unit: str = "") -> Result:
     """A measured value against the paper's (a point ``low == high`` or a range)."""
-    sample = f"{n} {sample_unit}"
+    sample = count(n, sample_unit)
     if n < min_sample or not math.isfinite(measured):
         return Result(NOT_MEASURED, f"Not measured: {what} rests on {sample} (needs "
-                                    f"{min_sample}).", fmt(measured), sample)
+                                    f"{min_sample}).", f"{fmt(measured)}{unit}", sample)
     lo, hi = tolerance.bounds(low, high)
     shown = f"{fmt(measured)}{unit}"
     paper = paper_range(low, high, unit)
@@ -288,7 +296,7 @@ def judge_ratios(ratios: pd.DataFrame, low: float, high: float, tolerance: Toler
     if ratios.empty:
         raise TooFewSamples(f"no ratio to {winner} could be formed")
     n = int(ratios["n"].min())
-    sample = f"{n} {sample_unit}"
+    sample = count(n, sample_unit)
     values = ratios["ratio"].to_numpy(float)
     measured = (f"{fmt(values.min())}-{fmt(values.max())}" if values.size > 1
                 else fmt(values[0]))
@@ -340,7 +348,7 @@ def judge_ranking(table: pd.DataFrame, paper_best: str, lower_is_better: bool,
         raise TooFewSamples(f"no result of {paper_best}")
     finite = {p: m for p, m in means.items() if math.isfinite(m)}
     n = min(sizes[p] for p in finite)
-    sample = f"{n} {sample_unit}"
+    sample = count(n, sample_unit)
     if n < min_sample:
         return Result(NOT_MEASURED, f"Not measured: {what} rests on {sample} per policy (needs "
                                     f"{min_sample}).", sample=sample)
@@ -388,7 +396,7 @@ def judge_values(table: pd.DataFrame, low: float, high: float, tolerance: Tolera
     values = table["value"].to_numpy(float)
     measured = (f"{fmt(values.min())}{unit}" if values.min() == values.max()
                 else f"{fmt(values.min())}-{fmt(values.max())}{unit}")
-    sample = f"{n} {sample_unit}"
+    sample = count(n, sample_unit)
     if n < min_sample:
         return Result(NOT_MEASURED, f"Not measured: {what} rests on {sample} (needs "
                                     f"{min_sample}).", measured, sample)
