@@ -258,9 +258,10 @@ def pricing_table(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
                 row["median_ratio_within_profile"] = (float(np.median(ratio[~past]))
                                                       if (~past).any() else math.nan)
             rows.append(row)
-    return pd.DataFrame(rows, columns=["mode", "policy", "cap", "batches", "same_batches",
-                                       "batches_past_profile", "median_ratio_past_profile",
-                                       "median_ratio_within_profile", "end_ratio"])
+    table = pd.DataFrame(rows, columns=["mode", "policy", "cap", "batches", "same_batches",
+                                        "batches_past_profile", "median_ratio_past_profile",
+                                        "median_ratio_within_profile", "end_ratio"])
+    return table.sort_values(["mode", "policy", "cap"], kind="stable").reset_index(drop=True)
 
 
 def pricing_summary(pricing: pd.DataFrame) -> pd.DataFrame:
@@ -369,18 +370,23 @@ def _metric_part(policy: str, column: str, what: str) -> Part:
         rows = table[table["policy"] == policy] if len(table) else table
         if rows.empty:
             raise TooFewSamples(f"no cap where both sides ran {policy}")
+        ratio = rows[f"ours_over_theirs_{column}"]
+        detail = (f"{policy}: the same batches as theirs at {int(rows['same_batches'].sum())} "
+                  f"of {len(rows)} caps; ours over theirs "
+                  + ", ".join(f"{c} {r:.3f}" for c, r in zip(rows["cap"], ratio, strict=True)),)
         if not rows["their_variant"].all() and policy in ("WAIT", "Nested WAIT"):
-            ratio = rows[f"ours_over_theirs_{column}"]
+            limits = "per-type" if policy == "WAIT" else "per-segment"
             return Result(NOT_MEASURED, f"Not measured: our {policy} is not yet their variant "
-                                        f"(per-{'type' if policy == 'WAIT' else 'segment'} "
-                                        f"in-flight limits, force_clear); shown side by side "
-                                        f"only.", f"{fmt(ratio.min())}-{fmt(ratio.max())}",
-                          f"{len(rows)} caps")
-        values = pd.DataFrame({"label": [f"cap {c}" for c in rows["cap"]],
-                               "value": rows[f"ours_over_theirs_{column}"], "n": len(rows)})
-        return judge_values(values, 1.0, 1.0, AGREEMENT, 3, f"ours over theirs, {what}",
-                            "caps")
-    return Part("value", f"{policy}: {what}, ours over theirs", "theirs at each cap",
+                                        f"({limits} in-flight limits, force_clear); shown side "
+                                        f"by side only.", f"{fmt(ratio.min())}-{fmt(ratio.max())}",
+                          f"{len(rows)} caps", detail)
+        values = pd.DataFrame({"label": [f"cap {c}" for c in rows["cap"]], "value": ratio,
+                               "n": len(rows)})
+        found = judge_values(values, 1.0, 1.0, AGREEMENT, 3,
+                             f"our {policy} over theirs ({what})", "caps", reference="",
+                             cases="caps")
+        return Result(found.verdict, found.sentence, found.measured, found.sample, detail)
+    return Part("value", f"{policy}: {what}, ours over theirs", "theirs at each cap (1)",
                 AGREEMENT.says(), "3 caps", judge)
 
 

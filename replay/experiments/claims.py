@@ -5,8 +5,9 @@ the target's outputs (the CSVs behind its figures, or its runs' summaries). The 
 (:mod:`replay.experiments.report`) prints this table on every target's section and the
 verdicts it gives; the rules are in :mod:`replay.experiments.verdicts`.
 
-Tolerances are ours: the papers state numbers, not error bars. They are set once here, per
-kind of quantity, before looking at any result, and printed beside every verdict.
+Tolerances are ours: the papers state numbers, not error bars. They are set per kind of
+quantity (a fraction of a latency, an absolute step of a ratio or of alpha), not per
+result, and printed beside every verdict.
 """
 
 from __future__ import annotations

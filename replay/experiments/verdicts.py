@@ -251,8 +251,10 @@ def count(n: int, unit: str) -> str:
 
 
 def upper_first(text: str) -> str:
-    """``text`` with its first letter upper-case (names such as MC-SF keep their case)."""
-    return text[:1].upper() + text[1:]
+    """``text`` with its first letter upper-case; a first word that is a name with capitals
+    of its own (MC-SF, vLLM-like) keeps its case."""
+    first = text.split(" ", 1)[0]
+    return text if first != first.lower() else text[:1].upper() + text[1:]
 
 
 def within(tolerance: Tolerance, unit: str = "") -> str:
@@ -388,8 +390,10 @@ def judge_ranking(table: pd.DataFrame, paper_best: str, lower_is_better: bool,
 
 
 def judge_values(table: pd.DataFrame, low: float, high: float, tolerance: Tolerance,
-                 min_sample: int, what: str, sample_unit: str, unit: str = "") -> Result:
-    """Several values (``label``, ``value``, ``n``), each against the paper's range."""
+                 min_sample: int, what: str, sample_unit: str, unit: str = "",
+                 reference: str = "the paper's", cases: str = "cases") -> Result:
+    """Several values (``label``, ``value``, ``n``), each against the ``reference`` range
+    (the paper's, or another's such as the authors' own runs)."""
     if table.empty:
         raise TooFewSamples(f"no value of {what}")
     n = int(table["n"].min())
@@ -404,11 +408,12 @@ def judge_values(table: pd.DataFrame, low: float, high: float, tolerance: Tolera
     outside = table[(values < lo) | (values > hi)]
     paper = paper_range(low, high, unit)
     if outside.empty:
-        return Result(AGREES, f"{upper_first(what)} is {measured} in all {len(table)} cases, "
-                              f"{within(tolerance, unit)} the paper's {paper}.", measured, sample)
+        return Result(AGREES, f"{upper_first(what)} is {measured} in all {len(table)} {cases}, "
+                              f"{within(tolerance, unit)} {f'{reference} {paper}'.strip()}.",
+                      measured, sample)
     listed = ", ".join(f"{r['label']} {fmt(r['value'])}{unit}" for _, r in outside.iterrows())
-    return Result(DIFFERS, f"{upper_first(what)} lies outside the paper's {paper} "
-                           f"({tolerance.says(unit)}) in {len(outside)} of {len(table)} cases: "
+    return Result(DIFFERS, f"{upper_first(what)} lies outside {f'{reference} {paper}'.strip()} "
+                           f"({tolerance.says(unit)}) in {len(outside)} of {len(table)} {cases}: "
                            f"{listed}.", measured, sample)
 
 
