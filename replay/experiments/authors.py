@@ -56,8 +56,9 @@ from replay.experiments.verdicts import (
     Result,
     Tolerance,
     TooFewSamples,
-    fmt,
+    count,
     judge_values,
+    span,
 )
 from replay.outputs import read_summary
 
@@ -371,15 +372,16 @@ def _metric_part(policy: str, column: str, what: str) -> Part:
         if rows.empty:
             raise TooFewSamples(f"no cap where both sides ran {policy}")
         ratio = rows[f"ours_over_theirs_{column}"]
-        detail = (f"{policy}: the same batches as theirs at {int(rows['same_batches'].sum())} "
-                  f"of {len(rows)} caps; ours over theirs "
-                  + ", ".join(f"{c} {r:.3f}" for c, r in zip(rows["cap"], ratio, strict=True)),)
+        detail = (f"{policy}, {what}: the same batches as theirs at "
+                  f"{int(rows['same_batches'].sum())} of {count(len(rows), 'caps')}; ours over "
+                  f"theirs by cap: " + ", ".join(f"{c} {r:.3f}" for c, r in
+                                                 zip(rows["cap"], ratio, strict=True)),)
         if not rows["their_variant"].all() and policy in ("WAIT", "Nested WAIT"):
             limits = "per-type" if policy == "WAIT" else "per-segment"
             return Result(NOT_MEASURED, f"Not measured: our {policy} is not yet their variant "
                                         f"({limits} in-flight limits, force_clear); shown side "
-                                        f"by side only.", f"{fmt(ratio.min())}-{fmt(ratio.max())}",
-                          f"{len(rows)} caps", detail)
+                                        f"by side only.", span(ratio),
+                          count(len(rows), "caps"), detail)
         values = pd.DataFrame({"label": [f"cap {c}" for c in rows["cap"]], "value": ratio,
                                "n": len(rows)})
         found = judge_values(values, 1.0, 1.0, AGREEMENT, 3,

@@ -143,13 +143,13 @@ def _a3_latency(rate: int, out_dir: Path) -> pd.DataFrame:
 
 def _slopes(rate: int, out_dir: Path) -> pd.DataFrame:
     """Least-squares slope of mean latency in n per policy over its completed runs, with
-    its standard error and the number of runs (policies under three runs left out)."""
+    its standard error and the number of runs (no slope under three runs)."""
     rows = []
     for policy, line in _a3_runs(rate, out_dir).groupby("policy"):
-        if len(line) < 3:
-            continue
-        fit = stats.linregress(line["n"].astype(float), line["mean_latency"].astype(float))
-        rows.append({"policy": policy, "slope": fit.slope, "se": fit.stderr, "n": len(line)})
+        fit = (stats.linregress(line["n"].astype(float), line["mean_latency"].astype(float))
+               if len(line) >= 3 else None)
+        rows.append({"policy": policy, "slope": fit.slope if fit else math.nan,
+                     "se": fit.stderr if fit else math.nan, "n": len(line)})
     return pd.DataFrame(rows, columns=["policy", "slope", "se", "n"]).set_index("policy")
 
 
@@ -158,9 +158,12 @@ def _best_other_slope_ratio(rate: int, out_dir: Path) -> pd.DataFrame:
     lower end (both slopes at the ends of their 95 % intervals that bring them closest)."""
     slopes = _slopes(rate, out_dir)
     if "MC-SF" not in slopes.index or len(slopes) < 2:
-        raise TooFewSamples("fewer than two policies with three completed runs")
+        raise TooFewSamples("MC-SF and at least one other policy need completed runs")
     mcsf = slopes.loc["MC-SF"]
-    others = slopes.drop("MC-SF")
+    others = slopes.drop("MC-SF").dropna(subset=["slope"])
+    if others.empty or not math.isfinite(mcsf["slope"]):
+        runs = int(min(mcsf["n"], slopes.drop("MC-SF")["n"].max()))
+        return pd.DataFrame([{"label": "every other policy", "ratio": math.nan, "n": runs}])
     best = others["slope"].idxmin()
     row = others.loc[best]
     t = stats.t.ppf(0.5 + LEVEL / 2, max(int(min(row["n"], mcsf["n"])) - 2, 1))
@@ -548,7 +551,7 @@ def _capacity_part() -> Part:
         counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
         worst = _worst(verdicts)
         below = len(judged) - counts.get(AGREES, 0)
-        sentence = (f"All {len(judged)} scenario-policy pairs are stable up to the fluid "
+        sentence = (f"Every scenario-policy pair ({len(judged)}) is stable up to the fluid "
                     f"boundary." if not below else
                     f"{below} of {len(judged)} scenario-policy pairs are unstable below the "
                     f"fluid boundary: the linear-timing runs name the timing model for "

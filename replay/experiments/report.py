@@ -72,6 +72,9 @@ CROSSCHECK_PROVENANCE = "provenance.json"
 
 #: A figure's numbers are shown as a table in the results pages up to this size.
 SMALL_TABLE = (30, 14)
+#: Figures whose numbers are shown whole whatever their size (target, figure): the authors'
+#: runs beside ours at every cap both sides have, and the pricing measurement.
+FULL_TABLES = {("b1_authors", "b1_authors.png"), ("b1_authors", "pricing.png")}
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("replay.experiments", "templates"),
@@ -246,10 +249,21 @@ def _html_table(frame: pd.DataFrame) -> str:
                          na_rep="", border=0)
 
 
+def _cell(value):
+    """A table cell as the pages print it: a ``|`` in text escaped; a float with four
+    significant digits, thousands grouped rather than in exponent form."""
+    if isinstance(value, str):
+        return value.replace("|", "\\|")
+    if isinstance(value, float) and not isinstance(value, bool):
+        if value != value:  # NaN
+            return ""
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return value
+
+
 def _markdown_table(frame: pd.DataFrame) -> str:
-    """``frame`` as a Markdown table; a ``|`` inside a cell is escaped."""
-    text = frame.map(lambda v: v.replace("|", "\\|") if isinstance(v, str) else v)
-    return text.to_markdown(index=False, floatfmt=".4g", missingval="")
+    """``frame`` as a Markdown table (cells as :func:`_cell` prints them)."""
+    return frame.map(_cell).to_markdown(index=False, missingval="", disable_numparse=True)
 
 
 def _input_files(outputs_root: Path, views: list[TargetView], quick: bool) -> pd.DataFrame:
@@ -414,7 +428,8 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
                 if figure.csv is not None:
                     shutil.copy2(figure.csv, copy.with_suffix(".csv"))
                     numbers = pd.read_csv(figure.csv)
-                    if len(numbers) <= SMALL_TABLE[0] and numbers.shape[1] <= SMALL_TABLE[1]:
+                    if (view.name, figure.name) in FULL_TABLES or (
+                            len(numbers) <= SMALL_TABLE[0] and numbers.shape[1] <= SMALL_TABLE[1]):
                         figure.numbers = numbers
         d3 = None
         if letter == "d":

@@ -250,6 +250,13 @@ def count(n: int, unit: str) -> str:
     return f"{n} {word}" + (f" {rest}" if rest else "")
 
 
+def span(values, unit: str = "") -> str:
+    """The range of ``values`` as the pages print it (one number when all are equal)."""
+    x = np.asarray(values, dtype=float)
+    low, high = float(np.nanmin(x)), float(np.nanmax(x))
+    return f"{fmt(low)}{unit}" if low == high else f"{fmt(low)}-{fmt(high)}{unit}"
+
+
 def upper_first(text: str) -> str:
     """``text`` with its first letter upper-case; a first word that is a name with capitals
     of its own (MC-SF, vLLM-like) keeps its case."""
@@ -300,9 +307,8 @@ def judge_ratios(ratios: pd.DataFrame, low: float, high: float, tolerance: Toler
     n = int(ratios["n"].min())
     sample = count(n, sample_unit)
     values = ratios["ratio"].to_numpy(float)
-    measured = (f"{fmt(values.min())}-{fmt(values.max())}" if values.size > 1
-                else fmt(values[0]))
-    if n < min_sample:
+    measured = span(values) if np.isfinite(values).any() else ""
+    if n < min_sample or not np.isfinite(values).all():
         return Result(NOT_MEASURED, f"Not measured: {what} rests on {sample} (needs "
                                     f"{min_sample}).", measured, sample)
     lo, hi = tolerance.bounds(low, high)
@@ -398,8 +404,7 @@ def judge_values(table: pd.DataFrame, low: float, high: float, tolerance: Tolera
         raise TooFewSamples(f"no value of {what}")
     n = int(table["n"].min())
     values = table["value"].to_numpy(float)
-    measured = (f"{fmt(values.min())}{unit}" if values.min() == values.max()
-                else f"{fmt(values.min())}-{fmt(values.max())}{unit}")
+    measured = span(values, unit)
     sample = count(n, sample_unit)
     if n < min_sample:
         return Result(NOT_MEASURED, f"Not measured: {what} rests on {sample} (needs "
