@@ -75,7 +75,7 @@ def test_equal_results_are_reported_equal_whatever_their_row_order():
 def test_a_one_trial_sample_is_not_measured_never_a_verdict():
     found = judge_value(1.117, 1, 1.047, 1.047, Tolerance(absolute=0.02), 10,
                         "mean of MC-SF / OPT", "trials proven optimal")
-    assert found.verdict == NOT_MEASURED and "1 trials proven optimal (needs 10)" in found.sentence
+    assert found.verdict == NOT_MEASURED and "1 trial proven optimal (needs 10)" in found.sentence
 
 
 def test_a_ratio_outside_its_tolerance_with_the_right_winner_holds_in_shape():
@@ -141,7 +141,7 @@ def test_a2_on_one_proven_trial_is_not_measured(tmp_path):
                   "ratio": [1.117, np.nan]}).to_csv(tmp_path / "ratio_hist.csv", index=False)
     judged = _judge("a2", tmp_path)
     assert judged["verdict"] == NOT_MEASURED
-    assert "1 trials proven optimal (needs 10)" in judged["sentence"]
+    assert "1 trial proven optimal (needs 10)" in judged["sentence"]
     # The scaled-down study reports what it measured without a verdict.
     assert _judge("a2s", tmp_path)["verdict"] == NO_CHECK
 
