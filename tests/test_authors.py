@@ -1,4 +1,5 @@
-"""Issue 30 item 4: the WAIT authors' setup (Llama-3-8B on one A100, their B1-high mix)."""
+"""The WAIT authors' setup (issues 30 and 42): Llama-3-8B on one A100, their exact trace,
+and their own result files read batch by batch beside ours."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_8b_derivation_by_hand_on_a_toy_profile():
         0.022192 + 7 * 0.008192, rel=1e-9)
 
 
+@pytest.mark.slow  # trains Vidur's predictor for Llama-3-8B (half a minute)
 @pytest.mark.skipif(not (ATTENTION_70B.is_file() and MLP_8B.is_file()),
                     reason=f"Vidur profiles not in {PROFILES}")
 def test_llama3_8b_vidur_prices_a_batch(tmp_path):
@@ -104,52 +106,154 @@ def test_llama3_8b_vidur_prices_a_batch(tmp_path):
         timing.parts(batch([1] * 128, 150))["decode_attention"], rel=1e-12)
 
 
-def test_authors_throughput_on_a_hand_made_iteration_table():
-    from replay.experiments.authors import authors_throughput
 
-    iterations = pd.DataFrame({
-        "start_time": [0.0, 1.0, 2.0, 3.0, 3.5],
-        "duration":   [1.0, 1.0, 1.0, 0.5, 1.5],
-        "batch_size": [3, 5, 4, 7, 2],
-        "failed":     [False, False, False, True, False],
-    })
-    # Batch ends 1, 2, 3, (3.5 failed: ran nothing), 5: over the span to 5 s, (3+5+4+2)/5.
-    assert authors_throughput(iterations) == pytest.approx(14 / 5)
-    # By T = 2.5 s only the batches ending at 1 and 2 count: (3 + 5) / 2.5.
-    assert authors_throughput(iterations, 2.5) == pytest.approx(8 / 2.5)
-    # A batch counts at its end, not its start: at T = 2.99 the third is still running.
-    assert authors_throughput(iterations, 2.99) == pytest.approx(8 / 2.99)
-    # Past the end the count stays and T keeps growing (their curve decays as 1/T).
-    assert authors_throughput(iterations, 10.0) == pytest.approx(14 / 10)
-    assert authors_throughput(iterations.iloc[:0]) == 0.0
-    with pytest.raises(ValueError, match="horizon"):
-        authors_throughput(iterations, 0.0)
+# ------------------------------------------------------------------- their exact trace
+def test_their_generator_gives_their_trace():
+    from replay.workloads.python_stream import PythonRandomStream
+
+    stream = PythonRandomStream(types=[{"prompt_len": 20, "output_len": 100, "rate": 6000},
+                                       {"prompt_len": 20, "output_len": 200, "rate": 4000},
+                                       {"prompt_len": 20, "output_len": 300, "rate": 2000}],
+                                n=10_000, seed=42)
+    requests = stream.sample(np.random.default_rng(0))
+    # Their first requests: type 2, then 1, 2, 3, 1 (Python's random seeded 42, a type by
+    # rate weight, then an exponential gap at 12,000/s).
+    assert requests.type_id[:5].tolist() == [1, 0, 1, 2, 0]
+    assert requests.arrival[0] == 2.1107365868949076e-06
+    assert requests.arrival[3] == pytest.approx(0.00012483670317650094, rel=0, abs=1e-18)
+    assert np.bincount(requests.type_id).tolist() == [4966, 3372, 1662]
+    # 1,669,600 output tokens: the final count of every one of their vLLM runs.
+    assert int(requests.output_len.sum()) == 1_669_600
+    assert set(requests.prompt_len.tolist()) == {20}
+    assert requests.arrival[-1] == pytest.approx(0.8315314258897064, rel=1e-15)
+    assert np.all(np.diff(requests.arrival) > 0)
+    # Its own seed, not the run's numpy stream: the same trace whatever the generator.
+    again = stream.sample(np.random.default_rng(7))
+    assert np.array_equal(again.arrival, requests.arrival)
 
 
-def test_cap_table_reads_a_run_folder(tmp_path):
+def test_their_generator_refuses_a_count_from_the_arrivals():
+    from replay.engine.requests import RequestError
+    from replay.workloads.python_stream import PythonRandomStream
+
+    stream = PythonRandomStream(types=[{"prompt_len": 1, "output_len": 2, "rate": 4}], n=3)
+    assert stream.expected_requests() == (3.0, "workload.n")
+    with pytest.raises(RequestError, match="workload.n"):
+        stream.sample(np.random.default_rng(0), n=5)
+
+
+def test_b1_authors_composes_with_their_trace():
+    from hydra.utils import instantiate
+
+    from replay.config import compose_config
+
+    cfg = compose_config([f"data_dir={DATA_DIR}", "experiment=b1_authors"])
+    assert cfg.workload.n == 10_000 and cfg.workload.seed == 42
+    assert cfg.timing.beyond_profile in ("flat", "linear", "measured")
+    workload = instantiate(cfg.workload)
+    assert int(workload.sample(np.random.default_rng(0)).output_len.sum()) == 1_669_600
+
+
+# ------------------------------------------------------------- their files, batch by batch
+def _their_file(folder, name: str, ends, counts):
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"Time (sec)": [0.0, *ends], "throughput": [0, *counts]}).to_csv(
+        folder / name, index=False)
+
+
+def test_their_metric_by_hand():
+    from replay.experiments.authors import at_last_batch_end, notebook_mean
+
+    batches = pd.DataFrame({"end": [100.0, 150.0, 200.0, 250.0],
+                            "members": [1000, 500, 500, 500]})
+    # All 2,500 batch members over the last batch end.
+    assert at_last_batch_end(batches) == pytest.approx(2500 / 250)
+    # The notebook: mean of count / T over the batch ends at T >= 150 s.
+    assert notebook_mean(batches) == pytest.approx((1500 / 150 + 2000 / 200 + 2500 / 250) / 3)
+    assert math.isnan(notebook_mean(batches.iloc[:1]))  # ended before 150 s
+
+
+def _our_run(folder, policy: str, cap: int, members, durations, force_clear=None,
+             mode: str = "linear"):
     import json
 
-    from replay.experiments.authors import cap_table
+    folder.mkdir(parents=True)
+    start = np.concatenate([[0.0], np.cumsum(durations)[:-1]])
+    pd.DataFrame({"start_time": start, "duration": durations, "batch_size": members,
+                  "failed": False}).to_parquet(folder / "iterations.parquet")
+    config = {"policy": {"_target_": policy}, "batch_limit": cap}
+    if force_clear is not None:
+        config["policy"]["force_clear"] = force_clear
+    (folder / "summary.json").write_text(json.dumps({
+        "status": "completed", "config": config,
+        "timing": {"beyond_profile": {"mode": mode}}}))
 
-    run = tmp_path / "paper_policy=wait,batch_limit=100"
-    run.mkdir()
-    pd.DataFrame({"start_time": [0.0, 1.0], "duration": [1.0, 1.0], "batch_size": [2, 1],
-                  "failed": [False, False]}).to_parquet(run / "iterations.parquet")
-    (run / "summary.json").write_text(json.dumps({
-        "status": "completed", "n_requests": 2, "n_completed": 2, "makespan": 2.0,
-        "throughput_tokens_per_s": 1.5, "throughput_requests_per_s": 1.0,
-        "config": {"policy": {"_target_": "policies.wait.Wait"}, "batch_limit": 100,
-                   "seed": 42}}))
-    table = cap_table(tmp_path, horizons=(1.0,))
-    row = table.iloc[0]
-    assert (row["policy"], row["cap"], row["max_batch"]) == ("WAIT", 100, 2)
-    assert row["authors_at_end"] == pytest.approx(1.5)
-    assert row["authors_at_1s"] == pytest.approx(2.0)
-    assert row["ours_tokens_per_s"] == 1.5
-    from replay.experiments.authors import table_figure
 
-    written = table_figure(tmp_path, tmp_path / "figures")
-    assert [p.name for p in written] == ["b1_authors.png"]
-    assert (tmp_path / "figures" / "b1_authors.csv").is_file()  # the table behind it
-    assert pd.read_csv(written[0].with_suffix(".csv"))["policy"].tolist() == ["WAIT"]
-    assert table_figure(tmp_path / "figures", tmp_path / "none") == []
+def test_side_by_side_and_the_pricing_measurement_on_constructed_runs(tmp_path):
+    from replay.experiments.authors import (
+        THEIR_FOLDER,
+        pricing_summary,
+        pricing_table,
+        side_by_side,
+    )
+
+    root = tmp_path / "data"
+    theirs = root / THEIR_FOLDER
+    # Their vLLM at cap 200: a prefill batch of 100 (0.2 s), then decodes of 200 (0.02 s).
+    _their_file(theirs / "vllm", "throughput_vllm_batch_size_200.csv",
+                [0.2, 0.22, 0.24], [100, 300, 500])
+    _their_file(theirs / "modified_booking_limit",
+                "throughput_modified_booking_limit_limit_200_batch_size_150.csv",
+                [0.1, 0.2], [150, 300])
+    runs = tmp_path / "runs"
+    _our_run(runs / "vllm" / "a", "policies.vllm.VLLMLike", 200, [100, 200, 200],
+             [0.2, 0.018, 0.018])
+    _our_run(runs / "wait" / "a", "policies.wait.Wait", 200, [150, 150], [0.1, 0.1])
+    for mode, decode in (("flat", 0.014), ("linear", 0.019), ("measured", 0.024)):
+        _our_run(runs / f"pricing_{mode}_vllm" / "a", "policies.vllm.VLLMLike", 200,
+                 [100, 200, 200], [0.2, decode, decode], mode=mode)
+    table = side_by_side(runs, root).set_index("policy")
+    vllm = table.loc["vLLM-like"]
+    assert bool(vllm["same_batches"]) and vllm["theirs_max_batch"] == 200
+    assert vllm["theirs_at_end"] == pytest.approx(500 / 0.24)
+    assert vllm["ours_at_end"] == pytest.approx(500 / 0.236)
+    assert not bool(table.loc["WAIT", "their_variant"])
+    pricing = pricing_table(runs, root)
+    linear = pricing[pricing["mode"] == "linear"].iloc[0]
+    # Batch by batch: the two decode batches past 128 members took 0.019 s against 0.02 s.
+    assert linear["batches_past_profile"] == 2
+    assert linear["median_ratio_past_profile"] == pytest.approx(0.95)
+    assert linear["median_ratio_within_profile"] == pytest.approx(1.0)
+    summary = pricing_summary(pricing)
+    assert summary["mode"].tolist()[0] == "linear"  # 0.95 is closer to 1 than 0.7 and 1.2
+
+
+def test_a_wait_that_is_not_their_variant_is_shown_but_not_judged(tmp_path, monkeypatch):
+    from replay.experiments.authors import PARTS, THEIR_FOLDER
+
+    root = tmp_path / "data"
+    _their_file(root / THEIR_FOLDER / "modified_booking_limit",
+                "throughput_modified_booking_limit_limit_200_batch_size_150.csv",
+                [0.1, 0.2], [150, 300])
+    out = tmp_path / "b1_authors"
+    _our_run(out / "runs" / "wait" / "200", "policies.wait.Wait", 200, [150, 150], [0.1, 0.1])
+    (wait_part,) = [p for p in PARTS if p.quantity.startswith("WAIT: the metric at")]
+    monkeypatch.setenv("KVSCHED_DATA_DIR", str(root))
+    result = wait_part.result(out)
+    assert result.verdict == "not measured" and "not yet their variant" in result.sentence
+
+
+def test_their_84_files_are_the_caps_the_target_runs(data_dir):
+    from replay.experiments.authors import their_batches, their_runs
+    from replay.experiments.targets import AUTHORS_CAPS
+
+    runs = their_runs(data_dir)
+    assert runs.groupby("policy").size().to_dict() == {
+        "Nested WAIT": 21, "Sarathi-like": 13, "WAIT": 29, "vLLM-like": 21}
+    ours = {"vLLM-like": "vllm", "Sarathi-like": "sarathi", "WAIT": "wait",
+            "Nested WAIT": "nested_authors"}
+    for label, name in ours.items():
+        assert sorted(runs[runs["policy"] == label]["cap"]) == sorted(AUTHORS_CAPS[name])
+    # Every vLLM run of theirs ends on the trace's 1,669,600 output tokens.
+    for path in runs[runs["policy"] == "vLLM-like"]["path"]:
+        assert int(their_batches(path)["members"].sum()) == 1_669_600

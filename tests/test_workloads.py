@@ -33,7 +33,7 @@ from tests.conftest import DATA_DIR
 
 TRACE_WORKLOADS = ["lmsys", "arxiv", "sharegpt", "splitwise_conv", "splitwise_code", "mixed"]
 GENERATED_WORKLOADS = ["synthetic", "lmsys_synthetic", "lmsys_words_synthetic", "fixed",
-                       "typed"]
+                       "typed", "python_stream"]
 LMSYS_FILE = "lmsys_chat_1m_words_in_lt257_out_lt257.csv"
 
 

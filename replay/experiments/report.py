@@ -36,6 +36,13 @@ from replay.data import CACHE_ENV, cache_dir
 from replay.experiments import time_spent
 from replay.experiments.claims import CLAIMS, PAPERS
 from replay.experiments.targets import MANIFEST
+from replay.experiments.verdicts import (
+    DIFFERS,
+    MEASURED_CAUSE,
+    NOT_MEASURED,
+    VERDICTS,
+    verdict_word,
+)
 from replay.results import TABLE_NAME
 
 #: Known limits of the data and of the timing model that a reader of any number should know.
@@ -65,6 +72,9 @@ CROSSCHECK_PROVENANCE = "provenance.json"
 
 #: A figure's numbers are shown as a table in the results pages up to this size.
 SMALL_TABLE = (30, 14)
+#: Figures whose numbers are shown whole whatever their size (target, figure): the authors'
+#: runs beside ours at every cap both sides have, and the pricing measurement.
+FULL_TABLES = {("b1_authors", "b1_authors.png"), ("b1_authors", "pricing.png")}
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("replay.experiments", "templates"),
@@ -116,6 +126,27 @@ class Figure:
     numbers: pd.DataFrame | None = None  # read for the results pages when small
 
 
+#: Why a figure is not published when the numbers behind it are empty, by file name (the
+#: report says so in its place; any other empty figure gets the generic reason).
+EMPTY_FIGURE_REASONS = {
+    "ratio_hist.png": "no trial was proven optimal within the study's time limit, so there "
+                      "is no ratio to draw (the histogram counts proven trials only)",
+}
+
+
+def empty_reason(png: Path, csv: Path | None) -> str | None:
+    """Why the figure ``png`` is withheld (its CSV has no rows), or None to publish it."""
+    if csv is None:
+        return None
+    try:
+        numbers = pd.read_csv(csv)
+    except pd.errors.EmptyDataError:
+        numbers = pd.DataFrame()
+    if len(numbers) and numbers.notna().any().any():
+        return None
+    return EMPTY_FIGURE_REASONS.get(png.name, f"the numbers behind it ({csv.name}) are empty")
+
+
 @dataclass
 class TargetView:
     """What the report and the results pages show of one target."""
@@ -127,6 +158,7 @@ class TargetView:
     failure: dict | None = None
     claims: list[dict] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
+    withheld: list[tuple[str, str]] = field(default_factory=list)  # (figure, why not shown)
 
     @property
     def ran(self) -> bool:
@@ -159,6 +191,28 @@ class TargetView:
         return [claim["verdict"] for claim in self.claims]
 
 
+#: The columns of a claim's parts table, as the pages print them.
+PART_COLUMNS = ("kind", "quantity", "paper", "tolerance", "min. sample", "measured", "sample",
+                "verdict")
+
+
+def claim_view(claim, out_dir: Path) -> dict:
+    """What the pages show of one claim judged on ``out_dir``: its verdict and sentence,
+    and its parts table (every part with the paper's number, tolerance and minimum sample,
+    and what was measured), and the per-case lines."""
+    judged = claim.judge(out_dir)
+    parts = pd.DataFrame([(p.kind, p.quantity, p.paper, p.tolerance, p.min_sample, r.measured,
+                           r.sample, r.verdict) for p, r in judged["parts"]],
+                         columns=list(PART_COLUMNS))
+    # The other parts' sentences, where they say more than their row of the table.
+    detail = [f"{p.quantity}: {r.sentence}" for p, r in judged["parts"]
+              if r.sentence != judged["sentence"] and r.verdict != NOT_MEASURED]
+    detail += [line for _, r in judged["parts"] for line in r.detail]
+    return {"paper": f"{PAPERS[claim.paper]}, {claim.section}", "statement": claim.statement,
+            "verdict": judged["verdict"], "sentence": judged["sentence"],
+            "word": verdict_word(judged["verdict"]), "parts": parts, "detail": detail}
+
+
 def target_views(targets: dict, outputs_root: Path, quick: bool) -> list[TargetView]:
     """Every target's state, claims and figures, from its folder under ``outputs_root``."""
     views = []
@@ -174,18 +228,19 @@ def target_views(targets: dict, outputs_root: Path, quick: bool) -> list[TargetV
             continue
         view.manifest = json.loads((out_dir / MANIFEST).read_text())
         view.state = "done"
-        for claim in CLAIMS.get(name, []):
-            verdict, measured = claim.judge(out_dir)
-            view.claims.append({"paper": f"{PAPERS[claim.paper]}, {claim.section}",
-                                "statement": claim.statement, "verdict": verdict,
-                                "measured": measured})
+        view.claims = [claim_view(claim, out_dir) for claim in CLAIMS.get(name, ())]
         for figure in view.manifest["figures"]:
             png = out_dir / figure
             if not png.is_file():
                 view.state = "outputs missing"
                 continue
             csv = png.with_suffix(".csv")
-            view.figures.append(Figure(png.name, png, csv if csv.is_file() else None))
+            csv = csv if csv.is_file() else None
+            reason = empty_reason(png, csv)
+            if reason is not None:
+                view.withheld.append((png.name, reason))
+                continue
+            view.figures.append(Figure(png.name, png, csv))
     return views
 
 
@@ -194,8 +249,21 @@ def _html_table(frame: pd.DataFrame) -> str:
                          na_rep="", border=0)
 
 
+def _cell(value):
+    """A table cell as the pages print it: a ``|`` in text escaped; a float with four
+    significant digits, thousands grouped rather than in exponent form."""
+    if isinstance(value, str):
+        return value.replace("|", "\\|")
+    if isinstance(value, float) and not isinstance(value, bool):
+        if value != value:  # NaN
+            return ""
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return value
+
+
 def _markdown_table(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g", missingval="")
+    """``frame`` as a Markdown table (cells as :func:`_cell` prints them)."""
+    return frame.map(_cell).to_markdown(index=False, missingval="", disable_numparse=True)
 
 
 def _input_files(outputs_root: Path, views: list[TargetView], quick: bool) -> pd.DataFrame:
@@ -292,7 +360,7 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
         quick=quick, code_version=code_version(),
         built=time.strftime("%Y-%m-%d %H:%M:%S %Z"), table_name=TABLE_NAME,
         d1_table=d1_table, crosscheck=crosscheck, caveats=CAVEATS,
-        files=_html_table(_input_files(outputs_root, views, quick)),
+        files=_html_table(_input_files(outputs_root, views, quick)), html_table=_html_table,
         build_seconds=time.perf_counter() - started)
     report_dir.mkdir(parents=True, exist_ok=True)
     out = report_dir / "index.html"
@@ -342,8 +410,15 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
     # Before writing: the pages themselves would make the checkout look edited ("-dirty").
     version = code_version()
     written = []
+    counts, differing = [], []
     for letter, (page, title) in SERIES.items():
         series = [v for v in views if v.name.startswith(letter)]
+        claims = [(v, c) for v in series for c in v.claims]
+        counts.append({"title": title, "page": page, "total": len(claims),
+                       "counts": [sum(c["word"] == w for _, c in claims) for w in VERDICTS]})
+        differing += [{"target": v.name, "page": page, "paper": c["paper"],
+                       "verdict": c["verdict"], "sentence": c["sentence"]}
+                      for v, c in claims if c["word"] in (DIFFERS, MEASURED_CAUSE)]
         for view in series:
             shutil.rmtree(results_dir / "figures" / view.name, ignore_errors=True)
             for figure in view.figures:
@@ -353,7 +428,8 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
                 if figure.csv is not None:
                     shutil.copy2(figure.csv, copy.with_suffix(".csv"))
                     numbers = pd.read_csv(figure.csv)
-                    if len(numbers) <= SMALL_TABLE[0] and numbers.shape[1] <= SMALL_TABLE[1]:
+                    if (view.name, figure.name) in FULL_TABLES or (
+                            len(numbers) <= SMALL_TABLE[0] and numbers.shape[1] <= SMALL_TABLE[1]):
                         figure.numbers = numbers
         d3 = None
         if letter == "d":
@@ -377,4 +453,9 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
         written.append(out)
     written.append(write_time_page(targets, outputs_root, results_dir, quick, version,
                                    reference_root))
+    index = results_dir / "index.md"
+    index.write_text(_TEMPLATES.get_template("index.md.j2").render(
+        built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version, quick=quick,
+        words=VERDICTS, counts=counts, differing=differing))
+    written.append(index)
     return written

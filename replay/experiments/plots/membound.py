@@ -80,6 +80,11 @@ def membound_table(sweep_dir: Path) -> pd.DataFrame:
         "mean_latency": runs["mean_latency"], "p99_latency": runs["p99_latency"],
         "evictions": runs["evictions"],
         "recomputed_tokens": [recomputed_tokens(d) for d in resolved],
+        # What the policy recorded of its own premises (policy_info): WAIT's condition (11)
+        # and fluid batch memory m_pi, Nested WAIT's condition (12).
+        "condition_11": column("policy_info.holds"),
+        "m_pi": column("policy_info.m_pi"),
+        "condition_12": column("policy_info.condition_12.holds"),
         "run": run_dirs})
 
 
@@ -91,8 +96,14 @@ def _t975(dof: int) -> float:
         return 1.96
 
 
+#: A run's own recorded checks, kept per group of the figure's table: a condition holds for
+#: the group when it holds in every run that recorded it; m_pi is the largest recorded.
+RECORDED_CHECKS = ("condition_11", "condition_12", "m_pi")
+
+
 def interval_stats(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Mean, 95 % t half-width and seed count of every metric per group."""
+    """Mean, 95 % t half-width and seed count of every metric per group, and the runs'
+    recorded checks (:data:`RECORDED_CHECKS`; empty where no run recorded one)."""
     rows = []
     for key, part in table.groupby(by, sort=True):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
@@ -104,6 +115,14 @@ def interval_stats(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
             row[metric] = float(values.mean()) if n else math.nan
             row[f"{metric}_ci95"] = (_t975(n - 1) * float(values.std(ddof=1)) / math.sqrt(n)
                                      if n > 1 else 0.0)
+        for check in RECORDED_CHECKS:
+            recorded = part[check].dropna() if check in part else part.iloc[:0, 0]
+            if recorded.empty:
+                row[check] = None
+            elif check == "m_pi":
+                row[check] = float(recorded.astype(float).max())
+            else:
+                row[check] = bool(recorded.astype(bool).all())
         rows.append(row)
     return pd.DataFrame(rows)
 
