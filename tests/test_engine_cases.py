@@ -13,10 +13,12 @@ from policies.fcfs import FCFSLookahead
 from policies.mcsf import MCSF
 from policies.protection import AlphaProtection
 from replay.engine import loop
-from replay.engine.loop import DecisionError
+from replay.engine.kv import explicit
+from replay.engine.loop import DecisionError, Engine
 from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
 from replay.engine.policy import Batch
-from replay.timing import LinearTiming
+from replay.engine.requests import Requests
+from replay.timing import LinearTiming, UnitTiming
 from tests.conftest import replay
 
 C3_BIG_FIRST = ([63] + [1] * 21, [1] + [2] * 21)
@@ -376,3 +378,30 @@ def test_the_progress_bar_counts_completed_requests(monkeypatch):
                     arrival=np.arange(5000.0), progress=True)
     assert result.status == "completed"
     assert len(counts) > 5 and counts == sorted(counts) and counts[-1] == 5000
+
+
+class _DropsTheQueueAtTheEnd:
+    """Starts the first request only; once no arrival is left, drops every other one
+    (a running one too), as the WAIT authors' force_clear does."""
+
+    overflow = EvictLIFO()
+
+    def decide(self, view):
+        if not view.more_arrivals and view.generated[0] >= 2:
+            others = np.concatenate((view.waiting, view.running[view.running != 0]))
+            return Batch(drop=others)
+        return Batch(start=view.waiting[view.waiting == 0])
+
+
+@pytest.mark.parametrize("engine", ["engine", "oracle"])
+def test_dropped_requests_leave_for_good_and_free_their_kv(engine):
+    from tests.oracle.engine import Engine as Oracle
+
+    requests = Requests(np.array([3, 4, 5]), np.array([6, 2, 2]), arrival=np.zeros(3))
+    runner = Engine if engine == "engine" else Oracle
+    result = runner(requests, _DropsTheQueueAtTheEnd(), UnitTiming(), explicit(50)).run()
+    assert result.status == "completed" and result.dropped == 2
+    assert result.requests["completed"].tolist() == [True, False, False]
+    # request 0 runs alone: 1 prefill, then decodes; the others never start or finish
+    assert result.requests["completion"].isna().tolist() == [False, True, True]
+    assert result.iterations["kv_after"].iloc[-1] == 0

@@ -146,7 +146,7 @@ def run_steps(s, policy, decide, overflow, evict_victims, timing, price_batch, p
     an error (:data:`EXIT_POLICY_ERROR`) or the timing backend refuses a batch
     (:data:`EXIT_PRICE_ERROR`). Every call resumes at a step boundary."""
     steps_at_call = s.steps
-    while s.completed < s.n:
+    while s.completed + s.dropped < s.n:
         if s.steps - steps_at_call >= s.yield_steps:
             return EXIT_YIELD
         release_arrivals(s)
@@ -157,7 +157,8 @@ def run_steps(s, policy, decide, overflow, evict_victims, timing, price_batch, p
         if outcome:
             s.outcome = outcome
             return EXIT_DONE
-        s.n_start, s.n_advance, s.n_preempt, s.steady = 0, -1, 0, 0  # decide writes its own
+        s.n_start, s.n_advance, s.n_preempt, s.n_drop, s.steady = 0, -1, 0, 0, 0  # decide sets
+        # its own
         error = decide(s, policy)
         if error:
             s.error_code = error
@@ -168,6 +169,8 @@ def run_steps(s, policy, decide, overflow, evict_victims, timing, price_batch, p
         n_evicted, started_all = apply_decision(s)
         if s.m == 0:
             clear_chunks(s)
+            if s.completed + s.dropped == s.n:
+                break
             if s.next_arrival < np.inf:
                 s.now = s.next_arrival
                 continue
@@ -200,7 +203,7 @@ RUN_STEPS_SIGNATURE = types.int64(ENGINE_STATE, RULE_STATE, DECIDE, RULE_STATE, 
 
 @jit
 def _outcome(s):
-    return (s.outcome, s.now, s.completed, s.steps, s.idle_steps, s.iteration, s.decisions,
+    return (s.outcome, s.now, s.completed, s.dropped, s.steps, s.idle_steps, s.iteration, s.decisions,
             s.kv_held, s.blocks_held, s.n_log, s.gap_filled, s.gap_count, s.gap_total,
             s.gap_max, s.error_code, s.error_arg, s.m, s.qhead, s.qtail, s.n_run, s.next_key,
             s.next_arrival)
@@ -211,7 +214,7 @@ def _log_arrays(s):
     return s.log_times, s.log_ints, s.log_failed
 
 
-_OUTCOME = ("outcome", "now", "completed", "steps", "idle_steps", "iteration", "decisions",
+_OUTCOME = ("outcome", "now", "completed", "dropped", "steps", "idle_steps", "iteration", "decisions",
             "kv_held", "blocks_held", "n_log", "gap_filled", "gap_count", "gap_total",
             "gap_max", "error_code", "error_arg", "m", "qhead", "qtail", "n_run", "next_key",
             "next_arrival")
@@ -302,7 +305,7 @@ class Engine:
             "is_prefill": np.zeros(n, dtype=np.bool_),
         }
         for name in ("prefilled", "generated", "held", "evictions", "running", "started",
-                     "start", "advance", "preempt", "chunk_of", "chunk_ids", "members", "chunk",
+                     "start", "advance", "preempt", "drop", "chunk_of", "chunk_ids", "members", "chunk",
                      "gain", "new_tokens", "context"):
             self.arrays[name] = np.zeros(n, dtype=np.int64)
         self.token_gaps = LogHistogram()
@@ -388,7 +391,8 @@ class Engine:
             now=0.0, next_arrival=np.inf, released=0, iteration=0, steps=0, idle_steps=0,
             completed=0, kv_held=0, blocks_held=0, next_key=n, decisions=0, outcome=0,
             qhead=0, qtail=0, queue_version=0, n_run=0, running_version=0, n_joined=0,
-            n_started=0, n_start=0, n_advance=0, n_preempt=0, n_chunks=0, steady=0,
+            n_started=0, n_start=0, n_advance=0, n_preempt=0, n_drop=0, n_chunks=0, steady=0,
+            dropped=0,
             error_code=0, error_arg=0, m=0,
             log_times=np.zeros((2, _INITIAL_LOG_ROWS)),
             log_ints=np.zeros((8, _INITIAL_LOG_ROWS), dtype=np.int64),
@@ -446,11 +450,11 @@ class Engine:
                          self.livelock_window, decision_time, self.preemption, self.requeue,
                          gaps, timing_time_s=timing_time, loop_time_s=loop_time,
                          decisions=outcome["decisions"], compile_time_s=compile_time,
-                         engine_path=path)
+                         engine_path=path, dropped=outcome["dropped"])
 
     def _status_message(self, outcome: dict) -> tuple[str, str]:
         status = _STATUS[outcome["outcome"]]
-        unfinished = self.arrays["status"].size - outcome["completed"]
+        unfinished = self.arrays["status"].size - outcome["completed"] - outcome["dropped"]
         if status == "livelock":
             return status, (f"no request completed in {outcome['idle_steps']} steps with "
                             f"{unfinished} unfinished (livelock_window={self.livelock_window})")

@@ -44,6 +44,7 @@ def summarize(result: RunResult) -> dict:
         "partial": result.status != "completed",
         "n_requests": int(len(req)),
         "n_completed": int(len(done)),
+        "n_dropped": result.dropped,
         "tel": float(latency.sum()),
         "mean_latency": float(latency.mean()) if latency.size else None,
         "p50_latency": pct(50),

@@ -27,7 +27,7 @@ from replay.engine.histogram import fold_values
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.sorting import stable_argsort
-from replay.engine.state import DONE, RUNNING, WAITING
+from replay.engine.state import DONE, DROPPED, RUNNING, WAITING
 
 #: ``EngineState.outcome`` once the run stops: why.
 COMPLETED, LIVELOCK, STALLED, STEP_LIMIT = 1, 2, 3, 4
@@ -198,6 +198,40 @@ def complete(s, finished, nf, end):
     s.idle_steps = 0
 
 
+@jit
+def drop(s, ids, k):
+    """The policy drops ``ids[:k]`` (waiting or running): they leave the run for good and never
+    complete; a running one frees its KV."""
+    status, held, block = s.status, s.held, s.block
+    running_left = False
+    waiting_left = False
+    for i in range(k):
+        rid = ids[i]
+        if status[rid] == RUNNING:
+            s.kv_held -= held[rid]
+            if block > 1:
+                s.blocks_held -= blocks(held[rid], block)
+            held[rid] = 0
+            running_left = True
+        elif status[rid] == WAITING:
+            waiting_left = True
+        else:
+            continue
+        status[rid] = DROPPED
+        s.dropped += 1
+    if running_left:
+        keep_running(s)
+    if waiting_left:
+        queue, kept = s.queue, s.qhead
+        for q in range(s.qhead, s.qtail):
+            if status[queue[q]] == WAITING:
+                queue[kept] = queue[q]
+                kept += 1
+        s.qtail = kept
+        s.queue_version += 1
+    s.idle_steps = 0
+
+
 # ------------------------------------------------------------- token gaps and the log
 @jit
 def fold_gaps(s, values, k):
@@ -284,6 +318,8 @@ def apply_decision(s):
     """Carry out the decision's preemptions, cut its admissions to the engine's caps and lay
     out the batch: ``members[:m]`` are the advancing requests, then the admissions. Returns
     ``(requests evicted, whether every admission was kept)``."""
+    if s.n_drop:
+        drop(s, s.drop, s.n_drop)
     n_evicted = 0
     if s.n_preempt:
         n_evicted = evict(s, s.preempt, s.n_preempt)

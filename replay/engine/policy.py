@@ -37,6 +37,9 @@ class Batch:
     policy may pause requests by leaving them out, their KV is kept).
     ``preempt``: running requests to evict *before* the iteration (recompute:
     they lose their progress and KV and return to the waiting queue).
+    ``drop``: waiting or running requests that leave the run for good before the
+    iteration (a running one frees its KV); they never complete and are counted in the
+    summary's ``n_dropped``. (The WAIT authors' ``force_clear`` drops the queue.)
     ``prefill_chunks``: for requests that are prefilling this iteration, the
     prompt tokens each processes (default: all of its remaining prompt).
     ``steady_steps``: a promise about the following steps, read only when
@@ -58,6 +61,7 @@ class Batch:
     start: np.ndarray = field(default_factory=lambda: _EMPTY)
     advance: np.ndarray | None = None
     preempt: np.ndarray = field(default_factory=lambda: _EMPTY)
+    drop: np.ndarray = field(default_factory=lambda: _EMPTY)
     prefill_chunks: Mapping[int, int] | None = None
     steady_steps: int = 0
 

@@ -55,6 +55,8 @@ class RunResult:
     compile_time_s: float = 0.0
     #: How each rule ran: ``{"policy": "compiled" | "python", "overflow": ..., "timing": ...}``.
     engine_path: dict | None = None
+    #: Requests the policy dropped (``Batch.drop``): they never complete.
+    dropped: int = 0
 
 
 def iteration_frame(times: np.ndarray, ints: np.ndarray, failed: np.ndarray,

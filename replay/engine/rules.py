@@ -36,6 +36,8 @@ from numba import objmode
 from replay.engine.jit import jit
 from replay.engine.policy import Batch, PolicyView, RunSetup
 from replay.engine.state import (
+    DONE,
+    DROPPED,
     FUTURE,
     RUNNING,
     WAITING,
@@ -186,10 +188,10 @@ def decide_in_python(s, rule):
     token, now, iteration, kv_held = rule.bridge, s.now, s.iteration, s.kv_held
     qhead, qtail, n_run, next_arrival = s.qhead, s.qtail, s.n_run, s.next_arrival
     queue_version, running_version = s.queue_version, s.running_version
-    with objmode(out="UniTuple(int64, 5)"):
+    with objmode(out="UniTuple(int64, 6)"):
         out = _python_decision(token, now, iteration, kv_held, qhead, qtail, n_run,
                                next_arrival, queue_version, running_version)
-    s.n_start, s.n_advance, s.n_preempt, s.n_chunks, s.steady = out
+    s.n_start, s.n_advance, s.n_preempt, s.n_drop, s.n_chunks, s.steady = out
     return 0
 
 
@@ -293,13 +295,15 @@ class PythonPolicy:
         self.decisions += 1
         return self._write(batch)
 
-    def _write(self, batch) -> tuple[int, int, int, int, int]:
+    def _write(self, batch) -> tuple[int, int, int, int, int, int]:
         if not isinstance(batch, Batch):
             raise DecisionError(f"{self.name}.decide returned {type(batch).__name__} "
                                 f"{batch!r:.60}, not a replay.engine.policy.Batch")
         a = self.a
+        dropped = self._ids(batch.drop, (WAITING, RUNNING), "drop")
         preempt = self._ids(batch.preempt, RUNNING, "preempt")
         start = self._ids(batch.start, WAITING, "start")
+        a.drop[:dropped.size] = dropped
         a.preempt[:preempt.size] = preempt
         a.start[:start.size] = start
         if batch.advance is None:
@@ -315,18 +319,22 @@ class PythonPolicy:
                 steady, int | np.integer) or steady < 0):
             raise DecisionError(f"{self.name}: steady_steps must be a whole number of steps "
                                 f">= 0 (UNTIL_CHANGE for no bound), got {steady!r}")
-        return start.size, n_advance, preempt.size, n_chunks, int(steady) if steady else 0
+        return (start.size, n_advance, preempt.size, dropped.size, n_chunks,
+                int(steady) if steady else 0)
 
-    def _ids(self, ids, expected: int, what: str) -> np.ndarray:
+    def _ids(self, ids, expected: int | tuple, what: str) -> np.ndarray:
+        """``ids`` as an int64 array, checked: known, each once, each of status ``expected``
+        (one status or a tuple of them)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1) if len(ids) else _EMPTY
         if not self.validate or ids.size == 0:
             return ids
         status = self.a.status
+        allowed = expected if isinstance(expected, tuple) else (expected,)
         if ids.size == 1:  # the common case, in plain integers
             rid = int(ids[0])
             if not 0 <= rid < status.size:
                 raise self._unknown_ids(what)
-            if status[rid] == expected:
+            if status[rid] in allowed:
                 return ids
         elif expected == WAITING:  # admissions in queue order (most policies): a queue prefix
             queue = self.view.waiting
@@ -340,14 +348,15 @@ class PythonPolicy:
             seen[ids] = positions
         except IndexError:  # an id past the trace
             raise self._unknown_ids(what) from None
-        bad = (status[ids] != expected) | (seen[ids] != positions)
+        wrong_status = ~np.isin(status[ids], allowed)
+        bad = wrong_status | (seen[ids] != positions)
         seen[ids] = 0
         if np.count_nonzero(bad):
-            wrong = ids[status[ids] != expected]
+            wrong = ids[wrong_status]
             if not wrong.size:
                 raise DecisionError(f"{self.name}: {what} repeats a request id")
             state = {FUTURE: "not arrived", WAITING: "waiting", RUNNING: "running",
-                     3: "completed"}
+                     DONE: "completed", DROPPED: "dropped"}
             raise DecisionError(
                 f"{self.name}: {what} names request {int(wrong[0])} which is "
                 f"{state[int(status[wrong[0]])]}")
@@ -486,13 +495,14 @@ def decide_on_view(policy: CompiledPolicy, view: PolicyView) -> Batch:
     start = state_array(state, "start")[:n_start].copy()
     advance = None if n_advance < 0 else state_array(state, "advance")[:n_advance].copy()
     preempt = state_array(state, "preempt")[:scalars["n_preempt"]].copy()
+    dropped = state_array(state, "drop")[:scalars["n_drop"]].copy()
     chunk_of = state_array(state, "chunk_of")
     prefill_len, prefilled = view.prefill_len, view.prefilled
     members = np.concatenate((running if advance is None else advance, start))
     chunks = {int(r): int(chunk_of[r]) for r in members
               if 0 < chunk_of[r] < prefill_len[r] - prefilled[r]}
-    return Batch(start=start, advance=advance, preempt=preempt, prefill_chunks=chunks or None,
-                 steady_steps=scalars["steady"])
+    return Batch(start=start, advance=advance, preempt=preempt, drop=dropped,
+                 prefill_chunks=chunks or None, steady_steps=scalars["steady"])
 
 
 def price_shape(timing: CompiledTiming, shape: BatchShape, record: TimingState) -> float:
@@ -512,21 +522,21 @@ def _padded(values, m: int, dtype=np.int64) -> np.ndarray:
 
 @jit
 def state_scalars_tuple(s):
-    return (s.n_start, s.n_advance, s.n_preempt, s.n_chunks, s.steady, s.error_code,
-            s.error_arg)
+    return (s.n_start, s.n_advance, s.n_preempt, s.n_drop, s.n_chunks, s.steady,
+            s.error_code, s.error_arg)
 
 
 def state_scalars(state) -> dict:
-    names = ("n_start", "n_advance", "n_preempt", "n_chunks", "steady", "error_code",
+    names = ("n_start", "n_advance", "n_preempt", "n_drop", "n_chunks", "steady", "error_code",
              "error_arg")
     return dict(zip(names, state_scalars_tuple(state), strict=True))
 
 
 @jit
 def _decision_arrays(s):
-    return s.start, s.advance, s.preempt, s.chunk_of
+    return s.start, s.advance, s.preempt, s.drop, s.chunk_of
 
 
 def state_array(state, name: str) -> np.ndarray:
-    return dict(zip(("start", "advance", "preempt", "chunk_of"), _decision_arrays(state),
+    return dict(zip(("start", "advance", "preempt", "drop", "chunk_of"), _decision_arrays(state),
                     strict=True))[name]

@@ -41,8 +41,9 @@ _NUMBA = {_RNG: types.NumPyRandomGeneratorType("NumPyRandomGeneratorType"),
           F8: types.float64[::1], B1: types.boolean[::1], I1: types.int8[::1],
           (F8, 2): types.float64[:, ::1], (I8, 2): types.int64[:, ::1]}
 
-#: Request status, in ``EngineState.status``.
-FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+#: Request status, in ``EngineState.status``: not arrived, waiting, running, completed, or
+#: dropped by its policy (it never completes).
+FUTURE, WAITING, RUNNING, DONE, DROPPED = 0, 1, 2, 3, 4
 
 ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     # -- the run's constants
@@ -62,7 +63,7 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     ("last_token_time", F8), ("max_token_gap", F8),
     # -- the clock and counters
     ("now", float), ("next_arrival", float), ("released", int), ("iteration", int),
-    ("steps", int), ("idle_steps", int), ("completed", int), ("kv_held", int),
+    ("steps", int), ("idle_steps", int), ("completed", int), ("dropped", int), ("kv_held", int),
     ("blocks_held", int), ("next_key", int), ("decisions", int), ("outcome", int),
     # -- the waiting queue (queue[qhead:qtail], in queue-key order) and the running set
     # (running[:n_run], in start order); versions count their changes
@@ -71,10 +72,11 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     # -- what changed since the last decision: who joined the queue, who started
     ("joined", I8), ("n_joined", int), ("started", I8), ("n_started", int),
     # -- the decision (policy.Batch as arrays): start[:n_start], advance[:n_advance] (-1:
-    # every running request), preempt[:n_preempt], prompt chunks chunk_of[id] (0: all that
-    # remains) for ids chunk_ids[:n_chunks], the steady-steps promise, an error report
+    # every running request), preempt[:n_preempt], drop[:n_drop], prompt chunks chunk_of[id]
+    # (0: all that remains) for ids chunk_ids[:n_chunks], the steady-steps promise, an error
     ("start", I8), ("n_start", int), ("advance", I8), ("n_advance", int),
-    ("preempt", I8), ("n_preempt", int), ("chunk_of", I8), ("chunk_ids", I8),
+    ("preempt", I8), ("n_preempt", int), ("drop", I8), ("n_drop", int),
+    ("chunk_of", I8), ("chunk_ids", I8),
     ("n_chunks", int), ("steady", int), ("error_code", int), ("error_arg", int),
     # -- the batch being priced: members[:m] with their chunk, KV gain, shape
     ("members", I8), ("m", int), ("chunk", I8), ("gain", I8), ("new_tokens", I8),

@@ -28,7 +28,7 @@ from replay.engine.timing import BatchShape, TimingBackend
 from tests.oracle.policies import blocks
 from tests.oracle.waiting import WaitingQueue
 
-FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+FUTURE, WAITING, RUNNING, DONE, DROPPED = 0, 1, 2, 3, 4
 #: A long replay logs where it is at most this often (wall seconds), checked every 4,096 steps.
 HEARTBEAT_S = 30.0
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class Engine:
         status, message = "completed", ""
         self._bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay",
                          leave=False)
-        while self.completed < n:
+        while self.completed + self.dropped < n:
             self._release_arrivals()
             if self.queue.size == 0 and self.running.size == 0:
                 self.now = float(self.next_arrival)
@@ -327,12 +327,15 @@ class Engine:
                 break
             step = self._decide()
             if step.members.size == 0:
+                if self.completed + self.dropped == n:
+                    break
                 if self.released < n:
                     self.now = float(self.next_arrival)
                     continue
                 status = "stalled"
                 message = (f"{type(self.policy).__name__} scheduled nothing with "
-                           f"{n - self.completed} requests unfinished and no arrivals left")
+                           f"{n - self.completed - self.dropped} requests unfinished and no "
+                           f"arrivals left")
                 break
             self._price(step)
             self.steps += 1
@@ -347,7 +350,7 @@ class Engine:
         return RunResult(status, message, self._request_table(), _frame(self._log), self.kv,
                          self.livelock_window, self.decision_time, self.preemption,
                          self.requeue, self.token_gaps, timing_time_s=self.timing_time,
-                         loop_time_s=loop_time, decisions=self.decisions)
+                         loop_time_s=loop_time, decisions=self.decisions, dropped=self.dropped)
 
     def _heartbeat(self) -> None:
         """Say where a long replay is (the progress bar is off by default)."""
@@ -375,6 +378,7 @@ class Engine:
         self._log = []
         self.now, self.released, self.next_arrival = 0.0, 0, np.inf
         self.iteration = self.steps = self.idle_steps = self.completed = self.decisions = 0
+        self.dropped = 0
         self.decision_time = self.timing_time = 0.0
         self._last_heartbeat = time.perf_counter()
 
@@ -400,7 +404,7 @@ class Engine:
         if self.idle_steps > self.livelock_window:
             return "livelock", (
                 f"no request completed in {self.idle_steps} steps with "
-                f"{self.status.size - self.completed} unfinished "
+                f"{self.status.size - self.completed - self.dropped} unfinished "
                 f"(livelock_window={self.livelock_window})")
         if self.max_steps is not None and self.steps >= self.max_steps:
             return "step_limit", f"stopped after max_steps={self.max_steps}"
@@ -417,6 +421,8 @@ class Engine:
         self.decision_time += time.perf_counter() - decide_started
         self.decisions += 1
 
+        if len(batch.drop):
+            self._drop(np.asarray(batch.drop, dtype=np.int64))
         n_evicted = 0
         if batch.preempt is not None and len(batch.preempt):
             n_evicted = self._evict(self._check_ids(batch.preempt, RUNNING, "preempt"))
@@ -544,6 +550,22 @@ class Engine:
         self.now = end
         self.iteration += 1
         step.finished, step.emitters = int(finished.size), int(emitters.size)
+
+    def _drop(self, ids: np.ndarray) -> None:
+        """The policy drops ``ids`` (waiting or running): they never complete."""
+        ids = ids[np.isin(self.status[ids], (WAITING, RUNNING))]
+        running = ids[self.status[ids] == RUNNING]
+        self.kv_held -= int(self.held[running].sum())
+        if self.kv.block_size > 1:
+            self.blocks_held -= int(blocks(self.held[running], self.kv.block_size).sum())
+        self.held[running] = 0
+        self.status[ids] = DROPPED
+        self.dropped += ids.size
+        self.running = _sealed(self.running[self.status[self.running] == RUNNING])
+        queue = self.queue.ids
+        self.queue.replace(queue[self.status[queue] == WAITING])
+        if ids.size:
+            self.idle_steps = 0
 
     def _count_completed(self, count: int) -> None:
         self.completed += count
