@@ -203,8 +203,8 @@ RUN_STEPS_SIGNATURE = types.int64(ENGINE_STATE, RULE_STATE, DECIDE, RULE_STATE, 
 
 @jit
 def _outcome(s):
-    return (s.outcome, s.now, s.completed, s.dropped, s.steps, s.idle_steps, s.iteration, s.decisions,
-            s.kv_held, s.blocks_held, s.n_log, s.gap_filled, s.gap_count, s.gap_total,
+    return (s.outcome, s.now, s.completed, s.dropped, s.steps, s.idle_steps, s.iteration,
+            s.decisions, s.kv_held, s.blocks_held, s.n_log, s.gap_filled, s.gap_count, s.gap_total,
             s.gap_max, s.error_code, s.error_arg, s.m, s.qhead, s.qtail, s.n_run, s.next_key,
             s.next_arrival)
 
@@ -214,8 +214,8 @@ def _log_arrays(s):
     return s.log_times, s.log_ints, s.log_failed
 
 
-_OUTCOME = ("outcome", "now", "completed", "dropped", "steps", "idle_steps", "iteration", "decisions",
-            "kv_held", "blocks_held", "n_log", "gap_filled", "gap_count", "gap_total",
+_OUTCOME = ("outcome", "now", "completed", "dropped", "steps", "idle_steps", "iteration",
+            "decisions", "kv_held", "blocks_held", "n_log", "gap_filled", "gap_count", "gap_total",
             "gap_max", "error_code", "error_arg", "m", "qhead", "qtail", "n_run", "next_key",
             "next_arrival")
 
@@ -305,8 +305,8 @@ class Engine:
             "is_prefill": np.zeros(n, dtype=np.bool_),
         }
         for name in ("prefilled", "generated", "held", "evictions", "running", "started",
-                     "start", "advance", "preempt", "drop", "chunk_of", "chunk_ids", "members", "chunk",
-                     "gain", "new_tokens", "context"):
+                     "start", "advance", "preempt", "drop", "chunk_of", "chunk_ids", "members",
+                     "chunk", "gain", "new_tokens", "context"):
             self.arrays[name] = np.zeros(n, dtype=np.int64)
         self.token_gaps = LogHistogram()
         self._ran = False
