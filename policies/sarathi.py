@@ -36,6 +36,7 @@ from policies.common.serving import check_serving_limits, preempt_latest_until_f
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.prefix_cache import blocks_taken, cached_blocks
 from replay.engine.rules import CompiledPolicy
 from replay.engine.state import new_rule_state
 from replay.params import check
@@ -46,14 +47,15 @@ CHUNK, MAX_SEQS, WATERMARK, RESERVE = 0, 1, 2, 3
 
 
 @jit(inline="always")
-def _chunk_within(s, rid, room_blocks, limited, budget):
-    """The largest chunk of ``rid``'s remaining prefill within ``budget`` and, if ``limited``,
-    ``room_blocks`` free blocks (plus the slack in its last block); a last chunk also writes
-    the first token, so it needs one slot more."""
-    remaining = s.prefill_len[rid] - s.prefilled[rid]
+def _chunk_within(s, rid, skip, room_blocks, limited, budget):
+    """The largest chunk of ``rid``'s remaining prefill (less ``skip`` tokens found in the
+    prefix cache) within ``budget`` and, if ``limited``, ``room_blocks`` free blocks (plus the
+    slack in its last block); a last chunk also writes the first token, so it needs one slot
+    more."""
+    remaining = s.prefill_len[rid] - s.prefilled[rid] - skip
     chunk = min(remaining, budget)
     if limited:
-        held = s.held[rid]
+        held = s.held[rid] + skip
         room = room_blocks * s.block + (-held) % s.block
         chunk = min(chunk, room)
         if chunk == remaining and chunk + 1 > room:
@@ -62,15 +64,16 @@ def _chunk_within(s, rid, room_blocks, limited, budget):
 
 
 @jit(inline="always")
-def _take(s, rid, chunk, budget, free, reserve):
-    """Give ``rid`` its chunk: the budget and free blocks left."""
+def _take(s, rid, skip, chunk, budget, free, reserve):
+    """Give ``rid`` its chunk (after ``skip`` cached tokens): the budget and free blocks
+    left."""
     s.chunk_of[rid] = chunk
     s.chunk_ids[s.n_chunks] = rid
     s.n_chunks += 1
     budget -= chunk
-    emits = 1 if chunk == s.prefill_len[rid] - s.prefilled[rid] else 0
+    emits = 1 if chunk == s.prefill_len[rid] - s.prefilled[rid] - skip else 0
     if not reserve:
-        held = s.held[rid]
+        held = s.held[rid] + skip
         free -= blocks(held + chunk + emits, s.block) - blocks(held, s.block)
     return budget, free
 
@@ -78,9 +81,9 @@ def _take(s, rid, chunk, budget, free, reserve):
 @jit
 def _continue_prefill(s, rid, budget, free, reserve):
     """A running prefill takes the chunk that budget and KV allow, if any."""
-    chunk = _chunk_within(s, rid, free, not reserve, budget)
+    chunk = _chunk_within(s, rid, 0, free, not reserve, budget)
     if chunk > 0:
-        budget, free = _take(s, rid, chunk, budget, free, reserve)
+        budget, free = _take(s, rid, 0, chunk, budget, free, reserve)
     return budget, free
 
 
@@ -126,6 +129,8 @@ def sarathi_decide(s, rule):
         else:
             prefilling[n_prefilling] = rid
             n_prefilling += 1
+    if s.cache_on:  # shared blocks once: the running set's references are cache entries
+        used += blocks_taken(s) - s.blocks_held
     free = capacity - used
     budget = params[CHUNK] - n_decode
     for i in range(n_prefilling):
@@ -147,18 +152,20 @@ def sarathi_decide(s, rule):
         if seats <= 0:
             break
         floor = 0 if n_kept + n_start == 0 else watermark
+        cached = cached_blocks(s, rid)
+        skip = cached * block
         if reserve:
-            needed = blocks(prefill_len[rid] + 1, block)
+            needed = blocks(prefill_len[rid] + 1, block) - cached
             if free - needed < floor:
                 break
-            chunk = _chunk_within(s, rid, 0, False, budget)
+            chunk = _chunk_within(s, rid, skip, 0, False, budget)
             if chunk > 0:
                 free -= needed
         else:
-            chunk = _chunk_within(s, rid, free - floor, True, budget)
+            chunk = _chunk_within(s, rid, skip, free - floor, True, budget)
         if chunk <= 0:
             break
-        budget, free = _take(s, rid, chunk, budget, free, reserve)
+        budget, free = _take(s, rid, skip, chunk, budget, free, reserve)
         s.start[n_start] = rid
         n_start += 1
         seats -= 1

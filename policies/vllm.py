@@ -29,85 +29,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from policies.common.serving import check_serving_limits, preempt_latest_until_fit
+from policies.common.serving import check_serving_limits, prefill_first
 from replay.engine.jit import jit
-from replay.engine.paging import blocks
 from replay.engine.policy import OverflowRule, PolicyView, RunSetup
 from replay.engine.rules import CompiledPolicy
 from replay.engine.state import new_rule_state
 from replay.errors import ConfigError
 from replay.params import check
 
-#: The rule's record: ``ints`` = [max_num_seqs, max_num_batched_tokens, watermark in blocks].
-MAX_SEQS, MAX_TOKENS, WATERMARK = 0, 1, 2
-#: Error code: the queue head's prefill exceeds max_num_batched_tokens (``error_arg``: its id).
-PREFILL_OVER_BUDGET = 1
-
 
 @jit
 def vllm_decide(s, rule):
     """Admit a prefix of the queue (prefill only) if any fits the three limits, else decode
     every running request, preempting the latest arrivals until their blocks fit."""
-    block, params = s.block, rule.ints
-    capacity = s.capacity // block
-    running, n_run, held = s.running, s.n_run, s.held
-    used = 0
-    for k in range(n_run):
-        used += blocks(held[running[k]], block)
-    free = capacity - used
-    n_wait = min(max(0, params[MAX_SEQS] - n_run), s.qtail - s.qhead)
-    if n_wait > 0:
-        queue, head, prefill_len = s.queue, s.qhead, s.prefill_len
-        first = queue[head]
-        head_prefill = prefill_len[first]
-        if head_prefill > params[MAX_TOKENS]:
-            s.error_arg = first
-            return PREFILL_OVER_BUDGET
-        watermark = params[WATERMARK]
-        s.n_advance = 0
-        if free - blocks(head_prefill + 1, block) < watermark:
-            # The head does not fit (most steps of an overloaded run), so no prefix does; the
-            # watermark is waived for a lone request (see the module docstring).
-            if n_run == 0:
-                s.start[0] = first
-                s.n_start = 1
-                return 0
-        else:
-            prefill = 0
-            needed = 0
-            k = 0
-            while k < n_wait:
-                rid = queue[head + k]
-                prefill += prefill_len[rid]
-                needed += blocks(prefill_len[rid] + 1, block)
-                if prefill > params[MAX_TOKENS] or free - needed < watermark:
-                    break
-                s.start[k] = rid
-                k += 1
-            s.n_start = k
-            return 0
-        s.n_advance = -1
-    after = s.scratch
-    for k in range(n_run):
-        after[k] = blocks(held[running[k]] + 1, block)
-    cut = preempt_latest_until_fit(running, after, n_run, capacity)
-    if cut < 0:
-        # Steady: without arrivals or completions the queue head stays too big for the free
-        # blocks (they only shrink), so only the preemption test can change this.
-        s.steady = 2 ** 62
-        return 0
-    n_advance = 0
-    n_preempt = 0
-    for k in range(n_run):
-        rid = running[k]
-        if rid >= cut:
-            s.preempt[n_preempt] = rid
-            n_preempt += 1
-        else:
-            s.advance[n_advance] = rid
-            n_advance += 1
-    s.n_advance, s.n_preempt = n_advance, n_preempt
-    return 0
+    return prefill_first(s, rule, s.queue[s.qhead:s.qtail], s.qtail - s.qhead)
 
 
 @dataclass

@@ -12,6 +12,13 @@ chunks counts as if its prompt were in KV: conservative) and a candidate's
 ``prefill_len``; ``remaining`` is its (estimated) iterations left, at least one (a request
 that has generated its estimate is assumed to need one more).
 
+With the prefix cache, a candidate's base leaves out the prompt tokens it finds cached: they
+are shared blocks, held already (by a running request or by the cache itself, which counts
+against ``M`` on its own). The check then bounds the memory the batch adds, not the memory
+each request will hold alone: a request whose shared prefix outlives the requests that
+shared it holds those blocks by itself, which the check did not count; the engine's KV
+check and overflow rule catch what the plan misses.
+
 The rules are compiled functions (the step loop calls them inside FCFS's and MC-SF's
 decisions); :func:`peak_kv`, :func:`running_profile`, :func:`remaining_iterations` and
 :func:`admissible_prefix` call the same functions from Python for the policies written
@@ -25,6 +32,7 @@ import numpy as np
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import PolicyView
+from replay.engine.prefix_cache import cached_blocks
 from replay.engine.sorting import stable_argsort
 
 
@@ -89,7 +97,7 @@ def profile_into(ids, n, prompt_len, generated, estimate, base, remaining):
 @jit
 def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held, prompt_len,
                      prefill_len, generated, estimate, running, n_run, start, base, remaining,
-                     order_key, hint, iteration):
+                     order_key, hint, iteration, cached, use_cached):
     """How many of ``candidates[:n_cand]``, walked in order, can start now beside
     ``running[:n_run]``: the longest prefix that passes the lookahead check (written to
     ``start``). Feasibility is monotone in the prefix (adding a request never lowers the KV
@@ -100,10 +108,15 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
     one): when the first candidate cannot join even that, no prefix can. ``hint[0]`` is an
     absolute iteration where the first candidate's check last failed (token-exact, speed
     only): a decoding request's KV at a fixed future iteration does not move, so the KV
-    there, a lower bound of the peak, usually still rules the candidate out."""
+    there, a lower bound of the peak, usually still rules the candidate out.
+
+    ``use_cached``: candidate ``k``'s first ``cached[k]`` prompt tokens are in the prefix
+    cache, shared: its footprint counts only the rest (a reduced footprint; see the module
+    docstring)."""
     if n_cand == 0:
         return 0
-    if check_held and kv_held + n_run + prefill_len[candidates[0]] + 1 > kv_capacity:
+    first_new = prefill_len[candidates[0]] - (cached[0] if use_cached else 0)
+    if check_held and kv_held + n_run + first_new + 1 > kv_capacity:
         return 0
     first = profile_into(running, n_run, prompt_len, generated, estimate, base, remaining)
     first += n_run
@@ -112,7 +125,7 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
     # token it emits), so at most (budget - first) // 2 can start.
     limit = min(n_cand, max(0, (budget - first) // 2) + 1)
     rid = candidates[0]
-    base[n_run] = prefill_len[rid]
+    base[n_run] = first_new
     remaining[n_run] = iterations_left(estimate, generated, rid)
     if block > 1 or n_run == 0:
         if compiled_peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
@@ -138,10 +151,11 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
     total = 0
     for k in range(limit):
         rid = candidates[k]
-        total += prefill_len[rid] + 1
+        footprint = prefill_len[rid] - (cached[k] if use_cached else 0)
+        total += footprint + 1
         if total > budget - first:
             break
-        base[n_run + k] = prefill_len[rid]
+        base[n_run + k] = footprint
         remaining[n_run + k] = iterations_left(estimate, generated, rid)
         upper += 1
     if upper > 1 and compiled_peak_kv(base, remaining, n_run + upper, block, order_key) > budget:
@@ -167,10 +181,15 @@ def start_admissible(s, rule, candidates, n_cand):
     lookahead admits (``rule.ints[0]`` keeps its hint). With nothing to start because
     nothing waits or the first candidate cannot join the KV held now, that stays so until
     a request arrives or completes: the decision promises it (``steady``)."""
+    cached = s.scratch4
+    if s.cache_on:  # the prompt tokens each candidate the check can reach finds cached
+        reach = min(n_cand, max(0, (s.capacity - s.kv_held) // 2) + 1)
+        for k in range(reach):
+            cached[k] = cached_blocks(s, candidates[k]) * s.block
     s.n_start = admissible_count(
         candidates, n_cand, s.capacity, s.block, s.kv_held, True, s.prompt_len, s.prefill_len,
         s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch, s.scratch2,
-        s.scratch3, rule.ints[0:1], s.iteration)
+        s.scratch3, rule.ints[0:1], s.iteration, cached, s.cache_on)
     if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + s.prefill_len[candidates[0]]
                            + 1 > s.capacity):
         s.steady = 2 ** 62
@@ -221,4 +240,4 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
         _ids(view.predicted_output if estimate is None else estimate), run, run.size,
         np.empty(max(candidates.size, 1), dtype=np.int64), *(np.empty(size, dtype=np.int64)
                                                             for _ in range(3)),
-        np.full(1, -1, dtype=np.int64), view.iteration))
+        np.full(1, -1, dtype=np.int64), view.iteration, np.zeros(1, dtype=np.int64), False))

@@ -1,12 +1,24 @@
-"""What the serving-style policies (vLLM-like, Sarathi-like) share: vLLM's preemption order
-and the checks of their limits.
+"""What the serving-style policies (vLLM-like, Sarathi-like, LPM) share: vLLM's preemption
+order, its prefill-first admission, and the checks of their limits.
+
+With the prefix cache (``kv.prefix_cache=block_hash``) a waiting request's blocks found in
+the cache cost neither KV nor prefill tokens: they are shared, already computed.
 """
 
 from __future__ import annotations
 
 from replay.engine.jit import jit
+from replay.engine.paging import blocks
+from replay.engine.prefix_cache import blocks_taken, cached_blocks
 from replay.engine.sorting import stable_argsort
 from replay.errors import ConfigError
+
+#: A serving policy's record: ``ints`` = [max_num_seqs, max_num_batched_tokens, watermark in
+#: blocks, ...].
+MAX_SEQS, MAX_TOKENS, WATERMARK = 0, 1, 2
+#: Error code: the first candidate's prefill exceeds max_num_batched_tokens (``error_arg``:
+#: its id).
+PREFILL_OVER_BUDGET = 1
 
 
 @jit
@@ -28,6 +40,88 @@ def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
         if freed >= excess:
             return ids[order[k]]
     return ids[order[0]]
+
+
+@jit
+def free_blocks(s):
+    """Blocks a serving policy may still allocate: the capacity less what the running
+    requests hold (with the prefix cache, shared blocks once and free entries not)."""
+    if s.cache_on:
+        return s.capacity // s.block - blocks_taken(s)
+    used = 0
+    running, held, block = s.running, s.held, s.block
+    for k in range(s.n_run):
+        used += blocks(held[running[k]], block)
+    return s.capacity // s.block - used
+
+
+@jit
+def prefill_first(s, rule, candidates, n_candidates):
+    """vLLM's prefill-first step: if a prefix of ``candidates[:n_candidates]`` fits within
+    ``max_num_seqs``, the batch's prefill tokens within ``max_num_batched_tokens`` and the
+    free blocks after admission at least the watermark, start it (prefill only: running
+    decodes pause); else decode every running request, preempting the latest arrivals until
+    their blocks fit. With nothing running, the first candidate starts even if it breaks the
+    watermark."""
+    block, params = s.block, rule.ints
+    capacity = s.capacity // block
+    running, n_run, held = s.running, s.n_run, s.held
+    free = free_blocks(s)
+    n_wait = min(max(0, params[MAX_SEQS] - n_run), n_candidates)
+    if n_wait > 0:
+        prefill_len = s.prefill_len
+        first = candidates[0]
+        if prefill_len[first] > params[MAX_TOKENS]:
+            s.error_arg = first
+            return PREFILL_OVER_BUDGET
+        watermark = params[WATERMARK]
+        s.n_advance = 0
+        cached = cached_blocks(s, first)
+        if free - (blocks(prefill_len[first] + 1, block) - cached) < watermark:
+            # The first does not fit (most steps of an overloaded run), so no prefix does;
+            # the watermark is waived for a lone request.
+            if n_run == 0:
+                s.start[0] = first
+                s.n_start = 1
+                return 0
+        else:
+            prefill = 0
+            needed = 0
+            k = 0
+            while k < n_wait:
+                rid = candidates[k]
+                if k:
+                    cached = cached_blocks(s, rid)
+                prefill += prefill_len[rid] - cached * block
+                needed += blocks(prefill_len[rid] + 1, block) - cached
+                if prefill > params[MAX_TOKENS] or free - needed < watermark:
+                    break
+                s.start[k] = rid
+                k += 1
+            s.n_start = k
+            return 0
+        s.n_advance = -1
+    after = s.scratch
+    for k in range(n_run):
+        after[k] = blocks(held[running[k]] + 1, block)
+    cut = preempt_latest_until_fit(running, after, n_run, capacity)
+    if cut < 0:
+        # Steady: without arrivals or completions the first candidate stays too big for the
+        # free blocks (they only shrink), so only the preemption test can change this.
+        s.steady = 2 ** 62
+        return 0
+    n_advance = 0
+    n_preempt = 0
+    for k in range(n_run):
+        rid = running[k]
+        if rid >= cut:
+            s.preempt[n_preempt] = rid
+            n_preempt += 1
+        else:
+            s.advance[n_advance] = rid
+            n_advance += 1
+    s.n_advance, s.n_preempt = n_advance, n_preempt
+    return 0
 
 
 def check_serving_limits(**limits) -> None:

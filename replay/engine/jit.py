@@ -36,13 +36,15 @@ JIT_SOURCES = (
     "replay/engine/jit.py", "replay/engine/state.py", "replay/engine/phases.py",
     "replay/engine/loop.py", "replay/engine/rules.py", "replay/engine/sorting.py",
     "replay/engine/paging.py", "replay/engine/numeric.py", "replay/engine/histogram.py",
-    "replay/engine/overflow.py", "replay/timing/simple.py", "replay/timing/vidur_pricing.py",
+    "replay/engine/overflow.py", "replay/engine/prefix_cache.py", "replay/engine/sessions.py",
+    "replay/timing/simple.py",
+    "replay/timing/vidur_pricing.py",
     "replay/timing/grid_lookup.py", "replay/timing/layer_profile_step.py",
     "replay/timing/aiconfigurator_step.py",
     "policies/common/lookahead.py", "policies/common/serving.py",
     "policies/common/staging.py", "policies/fcfs.py", "policies/mcsf.py",
     "policies/protection.py", "policies/paper_fcfs.py", "policies/vllm.py",
-    "policies/sarathi.py", "policies/wait.py", "policies/nested_wait.py",
+    "policies/sarathi.py", "policies/wait.py", "policies/nested_wait.py", "policies/lpm.py",
 )
 _ROOT = Path(__file__).resolve().parent.parent.parent
 

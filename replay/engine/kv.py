@@ -16,12 +16,20 @@ from replay.errors import ConfigError
 PAPERS_LLAMA2_70B_2XA100_TOKENS = 16_492
 
 
+#: ``kv.prefix_cache``: off, or full blocks kept by content hash (replay.engine.prefix_cache).
+PREFIX_CACHES = ("none", "block_hash")
+#: ``kv.cache_eviction``: which free cached block is reclaimed first.
+CACHE_EVICTIONS = ("lru", "fifo")
+
+
 @dataclass(frozen=True)
 class KVCapacity:
     tokens: int
     mode: str
     block_size: int = 1
     detail: dict = field(default_factory=dict)
+    prefix_cache: str = "none"
+    cache_eviction: str = "lru"
 
     def __post_init__(self) -> None:
         if self.tokens < 1:
@@ -29,6 +37,15 @@ class KVCapacity:
                              f"({self.mode}, {self.detail})")
         if self.block_size < 1:
             raise ConfigError(f"kv.block_size must be >= 1, got {self.block_size}")
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise ConfigError(f"kv.prefix_cache={self.prefix_cache!r} is not allowed: choose "
+                              f"one of {', '.join(PREFIX_CACHES)}")
+        if self.cache_eviction not in CACHE_EVICTIONS:
+            raise ConfigError(f"kv.cache_eviction={self.cache_eviction!r} is not allowed: "
+                              f"choose one of {', '.join(CACHE_EVICTIONS)}")
+        if self.prefix_cache != "none" and self.block_size < 2:
+            raise ConfigError("kv.prefix_cache=block_hash keeps whole blocks: it needs "
+                              "kv.block_size >= 2 (16 is vLLM's)")
 
     def describe(self) -> dict:
         return asdict(self)
@@ -42,13 +59,15 @@ def _blocked(tokens: int, block_size: int) -> int:
     return tokens // block_size * block_size
 
 
-def explicit(tokens: int = PAPERS_LLAMA2_70B_2XA100_TOKENS, block_size: int = 1) -> KVCapacity:
+def explicit(tokens: int = PAPERS_LLAMA2_70B_2XA100_TOKENS, block_size: int = 1,
+             prefix_cache: str = "none", cache_eviction: str = "lru") -> KVCapacity:
     return KVCapacity(_blocked(int(tokens), block_size), "explicit", block_size,
-                      {"given_tokens": int(tokens)})
+                      {"given_tokens": int(tokens)}, prefix_cache, cache_eviction)
 
 
 def _from_bytes_per_token(mode: str, bytes_per_token: float, model, hardware, block_size: int,
-                          activation_reserve: float) -> KVCapacity:
+                          activation_reserve: float, prefix_cache: str,
+                          cache_eviction: str) -> KVCapacity:
     if not 0.0 <= activation_reserve < 1.0:
         raise ConfigError(f"kv.activation_reserve must be in [0, 1), got {activation_reserve}")
     gpu_bytes = hardware.num_gpus * hardware.gpu_memory_gb * 1e9
@@ -61,26 +80,27 @@ def _from_bytes_per_token(mode: str, bytes_per_token: float, model, hardware, bl
     detail = {"gpu_bytes": gpu_bytes, "weight_bytes": weight_bytes,
               "activation_reserve": activation_reserve, "kv_bytes_per_token": bytes_per_token,
               "model": model.name, "hardware": hardware.name}
-    return KVCapacity(_blocked(tokens, block_size), mode, block_size, detail)
+    return KVCapacity(_blocked(tokens, block_size), mode, block_size, detail, prefix_cache,
+                      cache_eviction)
 
 
-def mha_formula(model, hardware, block_size: int = 1,
-                activation_reserve: float = 0.0) -> KVCapacity:
+def mha_formula(model, hardware, block_size: int = 1, activation_reserve: float = 0.0,
+                prefix_cache: str = "none", cache_eviction: str = "lru") -> KVCapacity:
     """``2 * layers * hidden * dtype_bytes`` per token: the papers' formula (ignores GQA).
 
     ``activation_reserve`` is a fraction of total GPU memory kept for activations.
     """
     per_token = 2 * model.num_layers * model.hidden_size * model.dtype_bytes
     return _from_bytes_per_token("mha_formula", per_token, model, hardware, block_size,
-                                 activation_reserve)
+                                 activation_reserve, prefix_cache, cache_eviction)
 
 
-def gqa_formula(model, hardware, block_size: int = 1,
-                activation_reserve: float = 0.0) -> KVCapacity:
+def gqa_formula(model, hardware, block_size: int = 1, activation_reserve: float = 0.0,
+                prefix_cache: str = "none", cache_eviction: str = "lru") -> KVCapacity:
     """``2 * layers * kv_heads * head_dim * dtype_bytes`` per token: the true GQA footprint."""
     per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     return _from_bytes_per_token("gqa_formula", per_token, model, hardware, block_size,
-                                 activation_reserve)
+                                 activation_reserve, prefix_cache, cache_eviction)
 
 
 #: vLLM pads a vocabulary-parallel embedding (and LM head) to a multiple of this many rows
@@ -151,7 +171,8 @@ def estimated_activation_peak(model, tensor_parallel: int, max_num_batched_token
 def vllm_profile(model, hardware, gpu_memory_utilization: float = 0.9,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
                  block_size: int = 16, activation_peak_bytes: int | None = None,
-                 non_torch_bytes: int = 0, cudagraph_bytes: int = 0) -> KVCapacity:
+                 non_torch_bytes: int = 0, cudagraph_bytes: int = 0,
+                 prefix_cache: str = "none", cache_eviction: str = "lru") -> KVCapacity:
     """``M`` as vLLM 0.19's V1 engine sizes its KV cache on each GPU:
 
     ``available = ceil(total * gpu_memory_utilization) - weights - activation peak
@@ -207,4 +228,5 @@ def vllm_profile(model, hardware, gpu_memory_utilization: float = 0.9,
                           f" at gpu_memory_utilization={gpu_memory_utilization} ({requested} "
                           f"bytes requested, {weights['weight_bytes_per_gpu']} of weights and "
                           f"{activation['activation_peak_bytes']} of activations per GPU)")
-    return KVCapacity(blocks * block_size, "vllm_profile", block_size, detail)
+    return KVCapacity(blocks * block_size, "vllm_profile", block_size, detail, prefix_cache,
+                      cache_eviction)

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from replay.engine import jit as compiling
 from replay.engine.histogram import LogHistogram
 from replay.engine.jit import jit
-from replay.engine.kv import KVCapacity
+from replay.engine.kv import CACHE_EVICTIONS, KVCapacity
 from replay.engine.phases import (
     COMPLETED,
     LIVELOCK,
@@ -57,6 +57,7 @@ from replay.engine.phases import (
     clear_chunks,
     execute,
     fail_attempt,
+    make_room,
     price,
     release_arrivals,
     run_stretch,
@@ -180,6 +181,7 @@ def run_steps(s, policy, decide, overflow, evict_victims, timing, price_batch, p
             s, timing, price_batch, price_decodes)
         if np.isnan(duration):
             return EXIT_PRICE_ERROR
+        kv_peak = make_room(s, kv_peak)
         s.steps += 1
         if kv_peak > s.capacity:
             fail_attempt(s, overflow, evict_victims, duration, kv_peak, prefill_total, n_decode,
@@ -212,6 +214,21 @@ def _outcome(s):
 @jit
 def _log_arrays(s):
     return s.log_times, s.log_ints, s.log_failed
+
+
+@jit
+def _log_cache(s):
+    return s.log_cache
+
+
+_CACHE_TOTALS = ("hit_blocks", "lookup_blocks", "hit_tokens", "prompt_tokens",
+                 "reclaimed_blocks", "entries_at_end")
+
+
+@jit
+def _cache_totals(s):
+    return (s.cache_hit_blocks, s.cache_lookup_blocks, s.cache_hit_tokens,
+            s.cache_prompt_tokens, s.cache_reclaimed, s.cache_entries)
 
 
 _OUTCOME = ("outcome", "now", "completed", "dropped", "steps", "idle_steps", "iteration",
@@ -254,6 +271,77 @@ def ensure_compiled(rules) -> float:
 
 
 # --------------------------------------------------------------------------- the engine
+def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
+                        kv: KVCapacity) -> dict:
+    """The prefix cache's arrays (:mod:`replay.engine.prefix_cache`): every request's
+    full-block chain hashes (one flat array, in workload order, with each row's start and
+    count, and the same per engine id when ``order`` gives the ids before the run), and the
+    empty table and entries (at most one entry per block of ``M``). A turn of a session
+    that has a next turn also knows the hashes of the blocks its answer fills: the next
+    turn's prompt starts with them. Empty arrays with the cache off."""
+    names = ("hashes", "hash_start", "hash_count", "w_hash_start", "w_hash_count", "n_ref",
+             "hit_blocks", "cached_tokens", "cache_table", "entry_hash", "entry_ref",
+             "entry_prev", "entry_next", "entry_seq", "entry_stack")
+    if kv.prefix_cache == "none":
+        return {name: np.zeros(0, dtype=np.int64) for name in names}
+    block, n = kv.block_size, len(requests)
+    hashes, offsets = requests.block_hashes(block)
+    lists = [hashes[offsets[w]:offsets[w + 1]] for w in range(n)]
+    if requests.predecessor is not None:
+        answer_end = (requests.prompt_len + requests.output_len) // block
+        for w, before in enumerate(requests.predecessor.tolist()):
+            if before >= 0:  # the previous turn's answer is the start of this turn's prompt
+                own = lists[before]
+                lists[before] = np.concatenate(
+                    (own, lists[w][own.size:max(own.size, int(answer_end[before]))]))
+    counts = np.array([part.size for part in lists], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    entries = kv.tokens // block + 1
+    table = 1 << int(2 * entries).bit_length()
+    arrays = {name: np.zeros(n, dtype=np.int64) for name in ("n_ref", "hit_blocks",
+                                                               "cached_tokens")}
+    arrays.update(
+        hashes=np.concatenate(lists) if n else np.zeros(0, np.int64),
+        w_hash_start=starts, w_hash_count=counts,
+        hash_start=starts[order] if order is not None else np.zeros(n, np.int64),
+        hash_count=counts[order] if order is not None else np.zeros(n, np.int64),
+        cache_table=np.full(table, -1, dtype=np.int64),
+        entry_hash=np.zeros(entries, dtype=np.int64), entry_ref=np.zeros(entries, np.int64),
+        entry_prev=np.full(entries, -1, dtype=np.int64),
+        entry_next=np.full(entries, -1, dtype=np.int64),
+        entry_seq=np.zeros(entries, dtype=np.int64),
+        entry_stack=np.arange(entries - 1, -1, -1, dtype=np.int64))
+    return {name: np.ascontiguousarray(arrays[name], dtype=np.int64) for name in names}
+
+
+def session_arrays(requests: Requests, lo: np.ndarray, hi: np.ndarray,
+                   types: np.ndarray) -> dict:
+    """The sessions' arrays (:mod:`replay.engine.sessions`): the requests in workload order,
+    each one's next turn and think time, the first turns in arrival order and an empty heap.
+    Empty arrays for a workload without sessions."""
+    names = ("w_arrival", "w_prompt", "w_output", "w_estimate", "w_lo", "w_hi", "w_type",
+             "successor", "think", "workload_of", "first_turns", "heap_time", "heap_id")
+    n = len(requests)
+    before = requests.predecessor
+    if before is None or not np.any(before >= 0):
+        return {name: np.zeros(0, dtype=np.float64 if name in ("w_arrival", "think",
+                                                                  "heap_time") else np.int64)
+                for name in names}
+    successor = np.full(n, -1, dtype=np.int64)
+    later = np.flatnonzero(before >= 0)
+    successor[before[later]] = later
+    first = np.flatnonzero(before < 0)
+    first = first[np.lexsort((first, requests.arrival[first]))]
+    return {"w_arrival": np.asarray(requests.arrival, dtype=np.float64),
+            "w_prompt": requests.prompt_len.astype(np.int64),
+            "w_output": requests.output_len.astype(np.int64),
+            "w_estimate": hi.astype(np.int64), "w_lo": lo.astype(np.int64),
+            "w_hi": hi.astype(np.int64), "w_type": types.astype(np.int64),
+            "successor": successor, "think": np.asarray(requests.think_time, dtype=np.float64),
+            "workload_of": np.full(n, -1, dtype=np.int64), "first_turns": first,
+            "heap_time": np.zeros(n), "heap_id": np.zeros(n, dtype=np.int64)}
+
+
 class Engine:
     """Replays ``requests`` under ``policy``; construct once per run, then :meth:`run`."""
 
@@ -271,24 +359,30 @@ class Engine:
         policy_seed, overflow_seed = np.random.SeedSequence([seed, 0xE5]).spawn(2)
         self.policy_rng = np.random.default_rng(policy_seed)
         self.overflow_rng = np.random.default_rng(overflow_seed)
-        # Engine id = rank in (arrival, workload position) order.
-        self.order = np.lexsort((np.arange(len(requests)), requests.arrival))
         n = len(requests)
         lo = requests.predicted_lo if requests.predicted_lo is not None else requests.output_len
         hi = requests.predicted_hi if requests.predicted_hi is not None else requests.output_len
-        types_ = requests.type_id if requests.type_id is not None else np.full(n, -1)
-        order = self.order
+        types_ = np.asarray(requests.type_id if requests.type_id is not None
+                            else np.full(n, -1), dtype=np.int64)
+        sessions = session_arrays(requests, lo, hi, types_)
+        self.dynamic = sessions["successor"].size > 0
+        # Engine id = rank in (arrival, workload position) order: given now, or, with
+        # sessions, as requests arrive (replay.engine.sessions).
+        self.order = (None if self.dynamic
+                      else np.lexsort((np.arange(n), requests.arrival)))
+        order = np.arange(n) if self.dynamic else self.order
         prompt_len = requests.prompt_len[order].astype(np.int64)
+        arrival = requests.arrival[order].astype(np.float64)
         # The point estimate policies plan with is the interval's upper end, which is the
         # truth when predictions are exact.
         self.arrays = {
-            "arrival": requests.arrival[order].astype(np.float64),
+            "arrival": np.full(n, np.nan) if self.dynamic else arrival,
             "prompt_len": prompt_len,
             "output_len": requests.output_len[order].astype(np.int64),
             "estimate": hi[order].astype(np.int64),
             "predicted_lo": lo[order].astype(np.int64),
             "predicted_hi": hi[order].astype(np.int64),
-            "type_id": np.asarray(types_)[order].astype(np.int64),
+            "type_id": types_[order],
             "status": np.zeros(n, dtype=np.int8),
             "prefill_len": prompt_len.copy(),
             "start_time": np.full(n, np.nan), "first_token_time": np.full(n, np.nan),
@@ -301,13 +395,20 @@ class Engine:
             "scratch": np.zeros(n + 1, dtype=np.int64),
             "scratch2": np.zeros(n + 1, dtype=np.int64),
             "scratch3": np.zeros(n + 1, dtype=np.int64),
+            "scratch4": np.zeros(n + 1, dtype=np.int64),
             "float_scratch": np.zeros(max(n, 1), dtype=np.float64),
             "is_prefill": np.zeros(n, dtype=np.bool_),
         }
+        if self.dynamic:  # every per-request field is filled as its request arrives
+            for name in ("prompt_len", "output_len", "estimate", "predicted_lo",
+                         "predicted_hi", "type_id", "prefill_len"):
+                self.arrays[name][:] = 0
         for name in ("prefilled", "generated", "held", "evictions", "running", "started",
                      "start", "advance", "preempt", "drop", "chunk_of", "chunk_ids", "members",
                      "chunk", "gain", "new_tokens", "context"):
             self.arrays[name] = np.zeros(n, dtype=np.int64)
+        self.arrays.update(sessions)
+        self.arrays.update(prefix_cache_arrays(requests, self.order, kv))
         self.token_gaps = LogHistogram()
         self._ran = False
 
@@ -399,7 +500,15 @@ class Engine:
             log_failed=np.zeros(_INITIAL_LOG_ROWS, dtype=np.bool_), n_log=0,
             gap_buffer=gaps._buffer, gap_counts=gaps.counts, gap_filled=0, gap_count=0,
             gap_log_lo=gaps._log_lo, gap_log_ratio=gaps._log_ratio, gap_total=0.0,
-            gap_max=0.0, overflow_rng=self.overflow_rng)
+            gap_max=0.0, overflow_rng=self.overflow_rng,
+            cache_on=kv.prefix_cache != "none", cache_rule=CACHE_EVICTIONS.index(
+                kv.cache_eviction), n_entry_stack=a["entry_stack"].size, cache_entries=0,
+            cache_free=0, shared_refs=0, free_head=-1, free_tail=-1, entry_counter=0,
+            step_hit_tokens=0, cache_reclaimed=0, cache_hit_blocks=0, cache_lookup_blocks=0,
+            cache_hit_tokens=0, cache_prompt_tokens=0, dynamic=self.dynamic, next_first=0,
+            heap_size=0,
+            log_cache=np.zeros((2, _INITIAL_LOG_ROWS if kv.prefix_cache != "none" else 0),
+                               dtype=np.int64))
         rules, bridges, tokens, path = self._rules(EngineArrays(a))
         _, decide, _, evict_victims, _, price_batch, price_decodes = rules
         compile_time = ensure_compiled(((decide, DECIDE), (evict_victims, EVICT),
@@ -445,12 +554,18 @@ class Engine:
         timing_time = sum(getattr(b, "time_spent", 0.0) for b in bridges)
         if path["timing"] == "compiled":
             self.timing.finish(rules[4])
-        return RunResult(status, message, self._request_table(),
-                         iteration_frame(*_log_arrays(state), outcome["n_log"]), kv,
+        requests_table = self._request_table()
+        iterations = iteration_frame(*_log_arrays(state), outcome["n_log"])
+        cache = None
+        if kv.prefix_cache != "none":
+            cache = dict(zip(_CACHE_TOTALS, _cache_totals(state), strict=True))
+            log_cache = _log_cache(state)[:, :outcome["n_log"]]
+            iterations["cached_tokens"], iterations["cache_blocks"] = log_cache
+        return RunResult(status, message, requests_table, iterations, kv,
                          self.livelock_window, decision_time, self.preemption, self.requeue,
                          gaps, timing_time_s=timing_time, loop_time_s=loop_time,
                          decisions=outcome["decisions"], compile_time_s=compile_time,
-                         engine_path=path, dropped=outcome["dropped"])
+                         engine_path=path, dropped=outcome["dropped"], prefix_cache=cache)
 
     def _status_message(self, outcome: dict) -> tuple[str, str]:
         status = _STATUS[outcome["outcome"]]
@@ -465,31 +580,50 @@ class Engine:
                             f"{unfinished} requests unfinished and no arrivals left")
         return status, ""
 
+    def engine_ids(self) -> np.ndarray:
+        """Each workload row's engine id (-1: a later turn of a session that never arrived)."""
+        n = self.arrays["status"].size
+        back = np.full(n, -1, dtype=np.int64)
+        if self.dynamic:
+            released = self.arrays["workload_of"]
+            arrived = np.flatnonzero(released >= 0)
+            back[released[arrived]] = arrived
+        else:
+            back[self.order] = np.arange(n)
+        return back
+
     def _request_table(self) -> pd.DataFrame:
         """Per-request results in workload order (``request_id`` = position in the workload)."""
         a = self.arrays
-        back = np.empty_like(self.order)
-        back[self.order] = np.arange(self.order.size)
+        back = self.engine_ids()
+        arrived = back >= 0
+        index = np.where(arrived, back, 0)
+
+        def column(name, missing):
+            return np.where(arrived, a[name][index], missing)
+
         r = self.requests
         table = pd.DataFrame({
             "request_id": np.arange(len(r)),
             "source_row": r.source_row if r.source_row is not None else np.arange(len(r)),
-            "arrival": r.arrival,
+            "arrival": r.arrival if not self.dynamic else column("arrival", np.nan),
             "prompt_len": r.prompt_len,
             "output_len": r.output_len,
-            "start": a["start_time"][back],
-            "first_token": a["first_token_time"][back],
-            "completion": a["completion_time"][back],
-            "evictions": a["evictions"][back],
-            "tokens_generated": a["generated"][back],
+            "start": column("start_time", np.nan),
+            "first_token": column("first_token_time", np.nan),
+            "completion": column("completion_time", np.nan),
+            "evictions": column("evictions", 0),
+            "tokens_generated": column("generated", 0),
         })
         table["latency"] = table["completion"] - table["arrival"]
         table["ttft"] = table["first_token"] - table["arrival"]
-        table["completed"] = a["status"][back] == DONE
+        table["completed"] = column("status", 0) == DONE
         # Mean gap telescopes: (last token - first token) / (tokens - 1).
         with np.errstate(invalid="ignore", divide="ignore"):
             table["tbt_mean"] = np.where(
                 table["completed"] & (table["output_len"] > 1),
                 (table["completion"] - table["first_token"]) / (table["output_len"] - 1), np.nan)
-        table["tbt_max"] = a["max_token_gap"][back]
+        table["tbt_max"] = column("max_token_gap", np.nan)
+        if self.kv.prefix_cache != "none":
+            table["cached_tokens"] = column("cached_tokens", 0)
         return table

@@ -75,6 +75,21 @@ def summarize(result: RunResult) -> dict:
         # Compiling the step loop and its rules (or loading them from the disk cache), once
         # per process; not in loop_time_s. A compiled decision is not timed apart (0 there).
         "compile_time_s": result.compile_time_s,
+        "prefix_cache": prefix_cache_summary(result.prefix_cache),
         "preemption": result.preemption,
         "requeue": result.requeue,
     }
+
+
+def prefix_cache_summary(totals: dict | None) -> dict | None:
+    """Hit ratios of the prefix cache (None with the cache off): by blocks, the blocks
+    found cached over the full prompt blocks looked up at every admission; by tokens, the
+    prompt tokens taken from the cache over the prompt tokens admitted (re-admissions after
+    a preemption count again). ``prefill_tokens_saved`` is the prompt tokens not computed."""
+    if totals is None:
+        return None
+    return {"hit_ratio_blocks": totals["hit_blocks"] / totals["lookup_blocks"]
+            if totals["lookup_blocks"] else None,
+            "hit_ratio_tokens": totals["hit_tokens"] / totals["prompt_tokens"]
+            if totals["prompt_tokens"] else None,
+            "prefill_tokens_saved": totals["hit_tokens"], **totals}

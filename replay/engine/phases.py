@@ -26,6 +26,15 @@ import numpy as np
 from replay.engine.histogram import fold_values
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
+from replay.engine.prefix_cache import (
+    acquire,
+    blocks_in_use,
+    insert_full_blocks,
+    lookup_hits,
+    reclaim,
+    release,
+)
+from replay.engine.sessions import arrive, later_turns, next_turn_time, turn_completed
 from replay.engine.sorting import stable_argsort
 from replay.engine.state import DONE, DROPPED, RUNNING, WAITING
 
@@ -66,6 +75,9 @@ def note_joined(s, rid):
 def release_arrivals(s):
     """Every request that arrived by ``now`` joins the queue; ``next_arrival`` is the first
     that has not."""
+    if s.dynamic:
+        _release_turns(s)
+        return
     n, arrival, released = s.n, s.arrival, s.released
     if released < n and arrival[released] <= s.now:
         upto = released
@@ -85,6 +97,22 @@ def release_arrivals(s):
         queue_append(s, scratch, k)
         s.released = released = upto
     s.next_arrival = arrival[released] if released < n else np.inf
+
+
+@jit
+def _release_turns(s):
+    """release_arrivals with sessions: requests take their engine ids as they arrive."""
+    while s.released < s.n and next_turn_time(s) <= s.now:
+        rid = arrive(s)
+        s.status[rid] = WAITING
+        if s.next_key > s.n:  # a `back` requeue happened: queue behind it
+            s.queue_key[rid] = s.next_key
+            s.next_key += 1
+        note_joined(s, rid)
+        s.scratch[0] = rid
+        queue_append(s, s.scratch, 1)
+        s.released += 1
+    s.next_arrival = next_turn_time(s)
 
 
 # ------------------------------------------------------------------ the running set
@@ -120,6 +148,8 @@ def evict(s, victims, nv):
     for i in range(k):
         rid = victims[i]
         freed += held[rid]
+        if s.cache_on:
+            release(s, rid)
         status[rid] = WAITING
         s.prefilled[rid] = 0
         if not s.recompute:
@@ -189,6 +219,10 @@ def complete(s, finished, nf, end):
         rid = finished[i]
         s.completion_time[rid] = end
         s.status[rid] = DONE
+        if s.cache_on:
+            release(s, rid)
+        if s.dynamic:
+            turn_completed(s, rid, end)
         s.kv_held -= held[rid]
         if block > 1:
             s.blocks_held -= blocks(held[rid], block)
@@ -208,6 +242,8 @@ def drop(s, ids, k):
     for i in range(k):
         rid = ids[i]
         if status[rid] == RUNNING:
+            if s.cache_on:
+                release(s, rid)
             s.kv_held -= held[rid]
             if block > 1:
                 s.blocks_held -= blocks(held[rid], block)
@@ -219,6 +255,8 @@ def drop(s, ids, k):
             continue
         status[rid] = DROPPED
         s.dropped += 1
+        if s.dynamic:  # its session's later turns will never arrive
+            s.dropped += later_turns(s, rid)
     if running_left:
         keep_running(s)
     if waiting_left:
@@ -278,6 +316,13 @@ def _grow_log(s):
             ints[column, row] = old_ints[column, row]
         failed[row] = old_failed[row]
     s.log_times, s.log_ints, s.log_failed = times, ints, failed
+    if s.cache_on:
+        old_cache = s.log_cache
+        cache = np.zeros((2, 2 * rows), dtype=np.int64)
+        for row in range(rows):
+            cache[0, row] = old_cache[0, row]
+            cache[1, row] = old_cache[1, row]
+        s.log_cache = cache
 
 
 @jit
@@ -299,7 +344,19 @@ def log_row(s, start, duration, batch, started, prefill, decode, peak, after, co
     ints[L_COMPLETED, row] = completed
     ints[L_EVICTED, row] = evicted
     s.log_failed[row] = failed
+    if s.cache_on:
+        s.log_cache[0, row] = s.step_hit_tokens
+        s.log_cache[1, row] = s.cache_entries
     s.n_log = row + 1
+
+
+@jit(inline="always")
+def kv_after(s):
+    """The KV the log records after an iteration: the slots the running requests hold, or,
+    with the prefix cache, the physical blocks in use (cache entries included), in slots."""
+    if s.cache_on:
+        return blocks_in_use(s) * s.block
+    return s.kv_held
 
 
 # ------------------------------------------------------------------ the step's phases
@@ -349,6 +406,8 @@ def apply_decision(s):
     start = s.start
     for i in range(n_start):
         members[m + i] = start[i]
+        if s.cache_on:
+            s.hit_blocks[start[i]] = lookup_hits(s, start[i])
     s.m = m + n_start
     return n_evicted, n_start == requested
 
@@ -375,21 +434,25 @@ def price(s, timing, price_batch, price_decodes):
     m = s.m
     members, chunk, context = s.members, s.chunk, s.context
     prefill_len, prefilled, held, chunk_of = s.prefill_len, s.prefilled, s.held, s.chunk_of
+    block = s.block
+    cache_on = s.cache_on
+    s.step_hit_tokens = 0
     prefill_total = 0
     context_sum = 0
     context_max = 0
     for i in range(m):
         rid = members[i]
-        c = prefill_len[rid] - prefilled[rid]
+        # an admission's blocks found in the prefix cache are context, not computed
+        skip = s.hit_blocks[rid] * block if cache_on and s.status[rid] == WAITING else 0
+        c = prefill_len[rid] - prefilled[rid] - skip
         if chunk_of[rid] > 0:
             c = chunk_of[rid]
         chunk[i] = c
         prefill_total += c
-        h = held[rid]
+        h = held[rid] + skip
         context[i] = h
         context_sum += h
         context_max = max(context_max, h)
-    block = s.block
     decode_only = prefill_total == 0
     gain_total = 0
     new_blocks = 0
@@ -414,6 +477,8 @@ def price(s, timing, price_batch, price_decodes):
                 new_tokens[i] = 1
             else:
                 remaining = prefill_len[rid] - prefilled[rid]
+                if cache_on and s.status[rid] == WAITING:
+                    remaining -= s.hit_blocks[rid] * block
                 is_prefill[i] = remaining > 0
                 if remaining > 0:
                     n_prefill += 1
@@ -426,8 +491,21 @@ def price(s, timing, price_batch, price_decodes):
         duration = price_batch(s, timing)
     kv_peak = s.kv_held + gain_total  # after the decision's preemptions
     if block > 1:
-        kv_peak = (s.blocks_held + new_blocks) * block
+        kv_peak = (blocks_in_use(s) + new_blocks) * block
     return duration, kv_peak, prefill_total, m - n_prefill, decode_only, gain_total, new_blocks
+
+
+@jit
+def make_room(s, kv_peak):
+    """The KV peak after reclaiming free prefix-cache entries, if that is enough to fit the
+    capacity (none is reclaimed otherwise: the overflow rule's turn)."""
+    if not s.cache_on or kv_peak <= s.capacity:
+        return kv_peak
+    needed = -(-(kv_peak - s.capacity) // s.block)
+    if needed > s.cache_free:
+        return kv_peak
+    reclaim(s, needed)
+    return kv_peak - needed * s.block
 
 
 @jit
@@ -455,10 +533,31 @@ def fail_attempt(s, rule, evict_victims, duration, kv_peak, prefill_total, n_dec
         held_after[n_run + i] = held[rid] + gain_of[rid]
     victims = evict_victims(s, rule, n_run + n_start, n_run)
     n_evicted += evict(s, s.preempt, victims)
-    log_row(s, s.now, duration, m, n_start, prefill_total, n_decode, kv_peak, s.kv_held, 0,
+    log_row(s, s.now, duration, m, n_start, prefill_total, n_decode, kv_peak, kv_after(s), 0,
             n_evicted, True)
     s.now += duration
     s.idle_steps += 1
+
+
+@jit
+def _take_cached_prefix(s, rid):
+    """An admission takes its blocks found in the prefix cache: held as references, already
+    prefilled; the cache's totals count them."""
+    block = s.block
+    hits = s.hit_blocks[rid]
+    acquire(s, rid, hits)
+    tokens = hits * block
+    s.prefilled[rid] += tokens
+    s.held[rid] += tokens
+    s.kv_held += tokens
+    s.blocks_held += hits
+    s.cached_tokens[rid] = tokens
+    s.step_hit_tokens += tokens
+    s.cache_hit_blocks += hits
+    s.cache_lookup_blocks += min(s.hash_count[rid], s.prefill_len[rid] // block)
+    s.cache_hit_tokens += tokens
+    s.cache_prompt_tokens += s.prefill_len[rid]
+    s.hit_blocks[rid] = 0
 
 
 @jit
@@ -469,6 +568,8 @@ def _admit(s):
     iteration, now = s.iteration, s.now
     for i in range(n_start):
         rid = start[i]
+        if s.cache_on:
+            _take_cached_prefix(s, rid)
         status[rid] = RUNNING
         s.start_iteration[rid] = iteration
         s.start_time[rid] = now
@@ -545,16 +646,28 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
     s.kv_held += gain_total
     if s.block > 1:
         s.blocks_held += new_blocks
+    if s.cache_on:
+        _cache_full_blocks(s)
     add_gaps(s, gaps, n_gaps)
     if n_finished:
         complete(s, finished, n_finished, end)
     else:
         s.idle_steps += 1
-    log_row(s, now, duration, m, n_start, prefill_total, n_decode, kv_peak, s.kv_held,
+    log_row(s, now, duration, m, n_start, prefill_total, n_decode, kv_peak, kv_after(s),
             n_finished, n_evicted, False)
     s.now = end
     s.iteration += 1
     return n_finished, emitters
+
+
+@jit
+def _cache_full_blocks(s):
+    """The members' newly full blocks of known content join the prefix cache."""
+    n_ref, hash_count, held, block = s.n_ref, s.hash_count, s.held, s.block
+    for i in range(s.m):
+        rid = s.members[i]
+        if n_ref[rid] < hash_count[rid] and held[rid] // block > n_ref[rid]:
+            insert_full_blocks(s, rid)
 
 
 # ------------------------------------------------------------------ the steady stretch
@@ -628,7 +741,7 @@ def _decode_stretch(s, timing, price_decodes, room):
             go_on = True
             break
         new_blocks = growth[(-done) % block] if block > 1 else 0
-        peak = (s.blocks_held + new_blocks) * block if block > 1 else s.kv_held + m
+        peak = (blocks_in_use(s) + new_blocks) * block if block > 1 else s.kv_held + m
         if peak > capacity:
             break
         end = now + duration
@@ -639,7 +752,7 @@ def _decode_stretch(s, timing, price_decodes, room):
         longest = max(longest, gap)
         s.kv_held += m
         s.blocks_held += new_blocks
-        log_row(s, now, duration, m, 0, 0, m, peak, s.kv_held, 0, 0, False)
+        log_row(s, now, duration, m, 0, 0, m, peak, kv_after(s), 0, 0, False)
         s.steps += 1
         s.iteration += 1
         s.idle_steps += 1
@@ -654,4 +767,6 @@ def _decode_stretch(s, timing, price_decodes, room):
             held[rid] += done
             last_token_time[rid] = now
             max_token_gap[rid] = np.fmax(max_token_gap[rid], longest)
+        if s.cache_on:
+            _cache_full_blocks(s)
     return done, go_on

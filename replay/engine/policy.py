@@ -16,7 +16,7 @@ ids ascending is "arrival order, ties by id" (FCFS order).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -103,10 +103,20 @@ class PolicyView:
     waiting: np.ndarray = field(default_factory=lambda: _EMPTY)
     running: np.ndarray = field(default_factory=lambda: _EMPTY)
     next_arrival: float = float("inf")
+    #: With the prefix cache, how many prompt tokens of each waiting request are cached now.
+    prefix_lookup: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def more_arrivals(self) -> bool:
         return self.next_arrival != float("inf")
+
+    def cached_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """The prompt tokens of waiting requests ``ids`` found in the prefix cache now (what
+        starting them would not compute and would share); zeros without the cache."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.prefix_lookup is None:
+            return np.zeros(ids.size, dtype=np.int64)
+        return self.prefix_lookup(ids)
 
 
 @dataclass(frozen=True)

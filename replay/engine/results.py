@@ -57,6 +57,8 @@ class RunResult:
     engine_path: dict | None = None
     #: Requests the policy dropped (``Batch.drop``): they never complete.
     dropped: int = 0
+    #: The prefix cache's totals (``kv.prefix_cache=block_hash``), else None.
+    prefix_cache: dict | None = None
 
 
 def iteration_frame(times: np.ndarray, ints: np.ndarray, failed: np.ndarray,

@@ -35,6 +35,7 @@ from numba import objmode
 
 from replay.engine.jit import jit
 from replay.engine.policy import Batch, PolicyView, RunSetup
+from replay.engine.prefix_cache import count_cached
 from replay.engine.state import (
     DONE,
     DROPPED,
@@ -264,11 +265,20 @@ class PythonPolicy:
             prefilled=_frozen(a.prefilled), generated=_frozen(a.generated), held=_frozen(a.held),
             start_iteration=_frozen(a.start_iteration), rng=rng, kv_block_size=block,
             prefill_len=_frozen(a.prefill_len))
+        if a.cache_table.size:
+            self.view.prefix_lookup = self._cached_tokens
         self.versions = (-1, -1)
         self.decision_time = 0.0
         self.decisions = 0
         self._seen = np.zeros(a.status.size, dtype=np.int64)
         self._positions = _sealed(np.arange(1, a.status.size + 1, dtype=np.int64))
+
+    def _cached_tokens(self, ids: np.ndarray) -> np.ndarray:
+        a, block = self.a, self.view.kv_block_size
+        return np.array([count_cached(a.hashes, a.hash_start[r], a.hash_count[r],
+                                      (a.prefill_len[r] - 1) // block, a.cache_table,
+                                      a.entry_hash) * block for r in ids.tolist()],
+                        dtype=np.int64)
 
     def view_at(self, now, iteration, kv_held, qhead, qtail, n_run, next_arrival,
                 queue_version=-2, running_version=-2) -> PolicyView:

@@ -52,10 +52,10 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     ("max_running", int), ("max_starts", int),  # -1: none
     ("recompute", int), ("requeue_back", int), ("fast_forward", int),
     ("yield_steps", int),  # steps per call of the loop before it hands back to Python
-    # -- per request (engine id), fixed
+    # -- per request (engine id), fixed once it arrives
     ("arrival", F8), ("prompt_len", I8), ("output_len", I8),
     ("estimate", I8),  # the output length policies plan with (predicted_output)
-    ("type_id", I8),
+    ("predicted_lo", I8), ("predicted_hi", I8), ("type_id", I8),
     # -- per request, changed by the run
     ("status", I1), ("prefill_len", I8), ("prefilled", I8), ("generated", I8), ("held", I8),
     ("start_iteration", I8), ("evictions", I8), ("queue_key", I8),
@@ -87,9 +87,35 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     ("gap_buffer", F8), ("gap_counts", I8), ("gap_filled", int), ("gap_count", int),
     ("gap_log_lo", float), ("gap_log_ratio", float), ("gap_total", float), ("gap_max", float),
     # -- scratch space for the phases and the decisions
-    ("scratch", I8), ("scratch2", I8), ("scratch3", I8), ("float_scratch", F8),
+    ("scratch", I8), ("scratch2", I8), ("scratch3", I8), ("scratch4", I8), ("float_scratch", F8),
     # -- the overflow rules' random stream
     ("overflow_rng", _RNG),
+    # -- sessions (dynamic = 1): a later turn arrives a think time after its predecessor
+    # completes, so engine ids (arrival order) are given as requests arrive. The requests in
+    # workload order (w_*), each one's next turn and think time, the engine id's workload
+    # row, the first turns in arrival order (released from next_first on) and the later
+    # turns whose arrival is known, in a heap of (time, workload row)
+    ("dynamic", int), ("w_arrival", F8), ("w_prompt", I8), ("w_output", I8),
+    ("w_estimate", I8), ("w_lo", I8), ("w_hi", I8), ("w_type", I8), ("w_hash_start", I8),
+    ("w_hash_count", I8), ("successor", I8), ("think", F8), ("workload_of", I8),
+    ("first_turns", I8), ("next_first", int), ("heap_time", F8), ("heap_id", I8),
+    ("heap_size", int),
+    # -- the prefix cache (replay.engine.prefix_cache; off: cache_on = 0, arrays empty):
+    # per request its full blocks' chain hashes (hashes[hash_start:+hash_count]), how many
+    # leading blocks it references, the hits found for this step's admissions and the
+    # tokens its last admission took from the cache; the hash table of entries, each
+    # entry's hash, references, free-list links and insertion number; the free entry ids
+    ("cache_on", int), ("cache_rule", int), ("hashes", I8), ("hash_start", I8),
+    ("hash_count", I8), ("n_ref", I8), ("hit_blocks", I8), ("cached_tokens", I8),
+    ("cache_table", I8), ("entry_hash", I8), ("entry_ref", I8), ("entry_prev", I8),
+    ("entry_next", I8), ("entry_seq", I8), ("entry_stack", I8), ("n_entry_stack", int),
+    ("cache_entries", int), ("cache_free", int), ("shared_refs", int), ("free_head", int),
+    ("free_tail", int), ("entry_counter", int), ("step_hit_tokens", int),
+    # -- the prefix cache's totals: reclaimed entries, blocks found and looked up at
+    # admissions, tokens taken from the cache and prompt tokens admitted; and its log
+    # columns (tokens taken from the cache by the iteration's admissions, entries after it)
+    ("cache_reclaimed", int), ("cache_hit_blocks", int), ("cache_lookup_blocks", int),
+    ("cache_hit_tokens", int), ("cache_prompt_tokens", int), ("log_cache", (I8, 2)),
 )
 
 #: Rows of the 2-D log arrays (the iteration log's time and integer columns) are at most this.

@@ -1,0 +1,229 @@
+"""The prefix cache (``kv.prefix_cache=block_hash``): full KV blocks kept by content and shared.
+
+Every full block of a request's prompt has a chain hash (its content and all the blocks
+before it, :func:`replay.engine.requests.prefix_block_hashes`), so two requests share block
+``k`` only if their prompts agree up to its end. The cache is a set of *entries*, one
+physical block each, found by hash:
+
+* **Hits.** When a request starts, the leading blocks of its prompt whose hashes are cached
+  are not computed again: its prefill starts after them (at least one prompt token is
+  always computed, as in vLLM), and it *references* their entries instead of holding blocks
+  of its own.
+* **Inserts.** As a request's prefill fills full blocks, each becomes an entry (or, if an
+  entry with its hash appeared meanwhile, the request references that one instead and its
+  own copy is freed).
+* **Free entries.** An entry no request references stays cached, free, and is reclaimed
+  (least recently freed first: ``lru``; or oldest first: ``fifo``) when a step needs the
+  memory. Entries count against ``M`` whether referenced or free: the physical blocks in
+  use are the running requests' private blocks plus every entry.
+
+A request's own blocks are ``blocks(held) - n_ref``: its ``n_ref`` leading blocks are
+references. With the cache off nothing here runs and every count is zero.
+"""
+
+from __future__ import annotations
+
+from replay.engine.jit import jit
+
+#: ``EngineState.cache_rule``: which free entry a reclaim takes first.
+LRU, FIFO = 0, 1
+EMPTY = -1
+
+
+@jit(inline="always")
+def blocks_in_use(s):
+    """Physical blocks in use: the running requests' blocks, shared ones once, plus every
+    cache entry (free ones included)."""
+    return s.blocks_held - s.shared_refs + s.cache_entries
+
+
+@jit(inline="always")
+def find_in(table, entry_hash, key):
+    """The entry holding ``key`` in ``table``, or -1."""
+    mask = table.size - 1
+    slot = key & mask
+    while True:
+        entry = table[slot]
+        if entry == EMPTY:
+            return EMPTY
+        if entry_hash[entry] == key:
+            return entry
+        slot = (slot + 1) & mask
+
+
+@jit
+def find(s, key):
+    """The entry holding ``key``, or -1."""
+    return find_in(s.cache_table, s.entry_hash, key)
+
+
+@jit
+def count_cached(hashes, start, count, limit, table, entry_hash):
+    """How many of ``hashes[start:start + count]``, from the first and at most ``limit``,
+    are cached in ``table``."""
+    hits = 0
+    limit = min(count, limit)
+    while hits < limit and find_in(table, entry_hash, hashes[start + hits]) != EMPTY:
+        hits += 1
+    return hits
+
+
+@jit
+def _unlink(s, entry):
+    """Take free ``entry`` off the free list."""
+    prev, nxt = s.entry_prev[entry], s.entry_next[entry]
+    if prev == EMPTY:
+        s.free_head = nxt
+    else:
+        s.entry_next[prev] = nxt
+    if nxt == EMPTY:
+        s.free_tail = prev
+    else:
+        s.entry_prev[nxt] = prev
+    s.cache_free -= 1
+
+
+@jit
+def _link_free(s, entry):
+    """``entry`` joins the free list: at the tail (``lru``), or in insertion order
+    (``fifo``)."""
+    s.cache_free += 1
+    after = s.free_tail
+    if s.cache_rule == FIFO:
+        seq = s.entry_seq[entry]
+        while after != EMPTY and s.entry_seq[after] > seq:
+            after = s.entry_prev[after]
+    nxt = s.free_head if after == EMPTY else s.entry_next[after]
+    s.entry_prev[entry], s.entry_next[entry] = after, nxt
+    if after == EMPTY:
+        s.free_head = entry
+    else:
+        s.entry_next[after] = entry
+    if nxt == EMPTY:
+        s.free_tail = entry
+    else:
+        s.entry_prev[nxt] = entry
+
+
+@jit
+def _reference(s, entry):
+    if s.entry_ref[entry] == 0:
+        _unlink(s, entry)
+    s.entry_ref[entry] += 1
+
+
+@jit
+def lookup_hits(s, rid):
+    """How many leading blocks of ``rid``'s prefill are cached now (at least one prompt token
+    is left to compute)."""
+    return count_cached(s.hashes, s.hash_start[rid], s.hash_count[rid],
+                        (s.prefill_len[rid] - 1) // s.block, s.cache_table, s.entry_hash)
+
+
+@jit
+def acquire(s, rid, hits):
+    """``rid`` starts with its first ``hits`` blocks taken from the cache."""
+    start = s.hash_start[rid]
+    for k in range(hits):
+        _reference(s, find(s, s.hashes[start + k]))
+    s.n_ref[rid] = hits
+    s.shared_refs += hits
+
+
+@jit
+def _new_entry(s, key):
+    entry = s.entry_stack[s.n_entry_stack - 1]
+    s.n_entry_stack -= 1
+    s.entry_hash[entry] = key
+    s.entry_ref[entry] = 1
+    s.entry_seq[entry] = s.entry_counter
+    s.entry_counter += 1
+    table, mask = s.cache_table, s.cache_table.size - 1
+    slot = key & mask
+    while table[slot] != EMPTY:
+        slot = (slot + 1) & mask
+    table[slot] = entry
+    s.cache_entries += 1
+
+
+@jit
+def insert_full_blocks(s, rid):
+    """``rid``'s full blocks with known content beyond its references become references:
+    new entries, or existing ones with the same hash (its own copy freed)."""
+    full = min(s.held[rid] // s.block, s.hash_count[rid])
+    have = s.n_ref[rid]
+    if full <= have:
+        return
+    start = s.hash_start[rid]
+    for k in range(have, full):
+        key = s.hashes[start + k]
+        entry = find(s, key)
+        if entry == EMPTY:
+            _new_entry(s, key)
+        else:
+            _reference(s, entry)
+    s.n_ref[rid] = full
+    s.shared_refs += full - have
+
+
+@jit
+def release(s, rid):
+    """``rid`` stops referencing its entries (it completed, was evicted or dropped); those no
+    one references any more stay cached, free."""
+    start = s.hash_start[rid]
+    for k in range(s.n_ref[rid]):
+        entry = find(s, s.hashes[start + k])
+        s.entry_ref[entry] -= 1
+        if s.entry_ref[entry] == 0:
+            _link_free(s, entry)
+    s.shared_refs -= s.n_ref[rid]
+    s.n_ref[rid] = 0
+
+
+@jit
+def _remove(s, entry):
+    """Delete ``entry`` from the hash table (backward-shift deletion keeps probes short)."""
+    table, mask = s.cache_table, s.cache_table.size - 1
+    slot = s.entry_hash[entry] & mask
+    while table[slot] != entry:
+        slot = (slot + 1) & mask
+    hole = slot
+    slot = (slot + 1) & mask
+    while table[slot] != EMPTY:
+        home = s.entry_hash[table[slot]] & mask
+        # the element at slot may move into the hole if its home is not in (hole, slot]
+        if (slot > hole and (home <= hole or home > slot)) or (
+                slot < hole and home <= hole and home > slot):
+            table[hole] = table[slot]
+            hole = slot
+        slot = (slot + 1) & mask
+    table[hole] = EMPTY
+    s.entry_stack[s.n_entry_stack] = entry
+    s.n_entry_stack += 1
+    s.cache_entries -= 1
+
+
+@jit
+def reclaim(s, k):
+    """Free ``k`` unreferenced entries for memory, in the cache's reclaim order."""
+    for _ in range(k):
+        entry = s.free_head
+        _unlink(s, entry)
+        _remove(s, entry)
+    s.cache_reclaimed += k
+
+
+@jit
+def cached_blocks(s, rid):
+    """Blocks of waiting ``rid``'s prefill found in the prefix cache now (0 with it off): what
+    a policy sees of the cache, and what the engine will take when ``rid`` starts."""
+    if not s.cache_on:
+        return 0
+    return lookup_hits(s, rid)
+
+
+@jit
+def blocks_taken(s):
+    """Blocks the running requests occupy, each shared block once, free cache entries not
+    counted (a policy may plan with those: the engine reclaims them when it needs room)."""
+    return s.blocks_held - s.shared_refs + s.cache_entries - s.cache_free
