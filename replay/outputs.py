@@ -50,6 +50,11 @@ def _reason(path: Path, exc: OSError) -> str:
     return f"{words}{f', {code}' if code else ''}{hints.get(exc.errno, '')}"
 
 
+def output_error(path: Path | str, exc: OSError) -> OutputError:
+    """The :class:`~replay.errors.OutputError` for ``exc``, raised writing ``path``."""
+    return OutputError(path, _reason(Path(path), exc))
+
+
 def _make_folder(folder: Path) -> list[Path]:
     """Create ``folder`` and its missing parents; the folders created (outermost first)."""
     missing = [p for p in [*reversed(folder.parents), folder] if not p.exists()]
@@ -82,7 +87,7 @@ def ensure_writable_dir(folder: Path | str) -> Path:
             os.fsync(fh.fileno())
     except OSError as exc:
         _remove_folders(created)
-        raise OutputError(folder, _reason(folder, exc)) from None
+        raise output_error(folder, exc) from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)
@@ -116,7 +121,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> dict:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
         _remove_folders(created)
-        raise OutputError(path, _reason(path, exc)) from None
+        raise output_error(path, exc) from None
     finally:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
