@@ -16,7 +16,6 @@ called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -45,7 +44,7 @@ from replay.cli import (
     refused_write,
 )
 from replay.config import CONFIG_DIR, register_resolvers
-from replay.errors import InputError, OutputError
+from replay.errors import InputError
 from replay.outputs import atomic_write_text, read_summary, summary_json
 from replay.run import run
 from replay.validate import validate_config
@@ -116,10 +115,12 @@ def replay_job(cfg: DictConfig) -> dict:
             fail(input_error_message(exc))
         # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
         # and the sweep's report counts it (SweepReport).
-        print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
         summary = error_summary(cfg, exc)
-        with contextlib.suppress(OutputError):  # a full disk may refuse this record too
-            atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
+        # A disk that refuses even this record (full, read-only) refuses every job: its
+        # error ends the sweep (one line, exit 2) rather than leave a job without a summary
+        # that the sweep's report would not count.
+        atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
+        print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
     if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep prints one table at its end
         print(human_summary(summary, out_dir), file=sys.stderr, flush=True)
     print(summary_json(summary, indent=None), flush=True)
