@@ -117,4 +117,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from replay.cli import run_or_exit
+
+    run_or_exit(main)
