@@ -155,9 +155,11 @@ know(TRACE_FILES, "traces")
 
 
 def known_file(path: str | Path) -> RemoteFile | None:
-    """The file ``traces.fetch`` downloads to ``path``'s place (``None``: not one it knows)."""
-    posix = Path(path).resolve().as_posix()
-    return next((remote for tail, remote in _KNOWN.items() if posix.endswith(f"/{tail}")), None)
+    """The file ``traces.fetch`` downloads to ``path``'s place (``None``: not one it knows),
+    by the path as given or as its links resolve."""
+    names = {Path(os.path.abspath(path)).as_posix(), Path(path).resolve().as_posix()}
+    return next((remote for tail, remote in _KNOWN.items()
+                 if any(name.endswith(f"/{tail}") for name in names)), None)
 
 
 def check_known_file(path: str | Path, what: str) -> None:

@@ -38,6 +38,10 @@ TOKEN_OPS = ("attn_pre_proj", "attn_post_proj", "attn_rope", "input_layernorm",
              "mlp_up_proj", "mlp_down_proj", "mlp_act", "add")
 
 
+#: The cells no lookup reaches (zero tokens, zero decodes, a zero-token chunk): NaN.
+UNREACHABLE = {"token_ms": np.s_[0], "decode_ms": np.s_[0], "prefill_ms": np.s_[:, 0]}
+
+
 @dataclass(frozen=True)
 class VidurTables:
     """Per-layer milliseconds on Vidur's grids.
@@ -58,17 +62,16 @@ class VidurTables:
     kv_granularity: int
 
     def __post_init__(self) -> None:
-        reachable = {"token_ms": self.token_ms[1:], "decode_ms": self.decode_ms[1:],
-                     "prefill_ms": self.prefill_ms[:, 1:]}
-        for name, cells in reachable.items():
+        for name in ("token_ms", "decode_ms", "prefill_ms"):
+            cells = getattr(self, name)
             bad = ~(np.isfinite(cells) & (cells >= 0))
+            bad[UNREACHABLE[name]] = False
             if bad.any():
-                where = np.unravel_index(int(bad.argmax()), cells.shape)
-                value = cells[where]
-                cell = tuple(int(i) for i in where)
-                raise InputError(f"Vidur's predictions: {name} at grid cell {cell} is "
-                                 f"{value!r} ms ({int(bad.sum())} such cells), not a finite "
-                                 f"time >= 0; the profiles it was trained on hold bad values")
+                where = tuple(int(i) for i in np.unravel_index(int(bad.argmax()), cells.shape))
+                raise InputError(f"Vidur's predictions: {name}{list(where)} is "
+                                 f"{float(cells[where])} ms ({int(bad.sum())} such cells), "
+                                 f"not a finite time >= 0; the profiles it was trained on "
+                                 f"hold bad values")
 
     @property
     def max_tokens(self) -> int:
