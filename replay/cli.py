@@ -153,19 +153,26 @@ def check_overrides(overrides: Sequence[str]) -> None:
                 f"python -m replay -m {group}={choices}")
 
 
-def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
-    """The config ``python -m replay OVERRIDES`` would run, or exit 2 naming what is wrong
-    (the one composition error path of every command)."""
+def compose(overrides: Sequence[str]) -> DictConfig:
+    """The config ``python -m replay OVERRIDES`` would run (not yet validated); one that does
+    not compose, or would not compose as meant (:func:`check_overrides`), is a
+    :class:`~replay.errors.ConfigError` whose message is the line ``replay`` prints for it.
+    The one composition path of every command that takes overrides."""
     from replay.config import compose_config
+
+    check_overrides(overrides)
+    try:
+        return compose_config(overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(config_error_line(exc, overrides)) from None
+
+
+def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
+    """The validated config of ``overrides`` (:func:`compose`), or exit 2 naming what is
+    wrong."""
     from replay.validate import validate_config
 
-    run_or_exit(check_overrides, overrides)
-    try:
-        cfg = compose_config(overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        fail(config_error_line(exc, overrides))
-    except KeyboardInterrupt as exc:
-        interrupted(exc)
+    cfg = run_or_exit(compose, overrides)
     run_or_exit(validate_config, cfg)
     return cfg
 

@@ -168,3 +168,21 @@ def test_a_list_of_group_options_is_refused_not_merged(override):
 def test_a_list_value_of_a_key_and_a_sweep_of_options_are_not_refused():
     check_overrides(["workload.groups=[{count:1,prompt_len:2,output_len:3}]", "policy=fcfs,mcsf",
                      "output.fail_on=[livelock]"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["policy=nope"], "policy=nope: no such option in config group 'policy'; choose one of: "
+                      "a_min, clearing, fcfs, lp_swap, mcsf, nested_wait, paper_fcfs, "
+                      "protection, sarathi, sorted_f, sorted_lp, vllm, wait"),
+    (["timing.nosuch=1"], "timing.nosuch: no such config key; the keys there are: _target_, "
+                          "attention, beyond_profile, cache_dir, device, "),
+    (["policy=[fcfs,mcsf]"], "policy=[fcfs,mcsf]: a list of policy options merges them"),
+])
+def test_a_command_composing_overrides_says_what_replay_says(overrides, message):
+    """Issue 45 item 9: every command's overrides go through replay's composition path
+    (here timing.shapes, whose vidur timing node the unknown key is looked up in)."""
+    from replay.timing.shapes import compose_timing
+
+    with pytest.raises(ConfigError) as caught:
+        compose_timing("llama2_7b", "a100x1", overrides)
+    assert str(caught.value).startswith(message)
