@@ -16,7 +16,6 @@ called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -35,14 +34,17 @@ from hydra_plugins.kvsched_sweeper.sweeper import KvschedSweeper
 from policies.labels import policy_label
 from replay.cli import (
     CONFIG_ERRORS,
+    check_overrides,
     config_error_line,
     error_summary,
     fail,
     input_error_message,
+    interrupted,
     is_input_error,
+    refused_write,
 )
 from replay.config import CONFIG_DIR, register_resolvers
-from replay.errors import InputError, OutputError
+from replay.errors import InputError
 from replay.outputs import atomic_write_text, read_summary, summary_json
 from replay.run import run
 from replay.validate import validate_config
@@ -53,15 +55,46 @@ register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 Plugins.instance().register(KvschedSweeper)
 
 
+#: What Ctrl-C leaves: every run folder holds a finished run or none (the summary is
+#: written last), and a run's resume check reuses only finished, verified runs.
+RESUME_HINT = "finished runs are kept, and the same command resumes from them"
+
+
 def main() -> None:
     """``python -m replay``: the Hydra app, with Hydra's own config errors as one line."""
     # Hydra otherwise prints its errors over many lines and exits 1; asked for the full
     # error, it raises, and the error contract can speak (a bug keeps its traceback).
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        check_overrides(_overrides(sys.argv[1:]))
         replay_job()
     except CONFIG_ERRORS as exc:
         fail(config_error_line(exc, sys.argv[1:]))
+    except InputError as exc:
+        fail(exc)
+    except OSError as exc:  # Hydra's own files (.hydra/, the log) on a full disk, say
+        line = refused_write(exc, _output_folder())
+        if line is None:
+            raise
+        fail(line)
+    except KeyboardInterrupt as exc:
+        interrupted(exc, RESUME_HINT)
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    """The overrides among ``argv``, as Hydra's own command line parses them."""
+    from hydra._internal.utils import get_args_parser
+
+    known, _ = get_args_parser().parse_known_args(argv)
+    return list(known.overrides or [])
+
+
+def _output_folder() -> str | None:
+    """The run (or sweep) folder of the app's config, once Hydra has composed it."""
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    return str(hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else hydra_cfg.run.dir)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
@@ -82,10 +115,12 @@ def replay_job(cfg: DictConfig) -> dict:
             fail(input_error_message(exc))
         # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
         # and the sweep's report counts it (SweepReport).
-        print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
         summary = error_summary(cfg, exc)
-        with contextlib.suppress(OutputError):  # a full disk may refuse this record too
-            atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
+        # A disk that refuses even this record (full, read-only) refuses every job: its
+        # error ends the sweep (one line, exit 2) rather than leave a job without a summary
+        # that the sweep's report would not count.
+        atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
+        print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
     if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep prints one table at its end
         print(human_summary(summary, out_dir), file=sys.stderr, flush=True)
     print(summary_json(summary, indent=None), flush=True)

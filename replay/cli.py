@@ -1,12 +1,14 @@
-"""The one rule every command follows: bad input is one ``error:`` line and exit status 2.
+"""The one rule every command follows: bad input is one ``error:`` line and exit status 2,
+and Ctrl-C is one line and exit status 130.
 
-A traceback means a bug. Commands compose their Hydra config and call their work
-through these helpers so that a wrong override, a missing data file or a
-rejected value reads the same everywhere.
+A traceback means a bug. Commands compose their Hydra config (:func:`compose_or_exit`) and
+call their work through :func:`run_or_exit` so that a wrong override, a missing data file,
+a rejected value, a full disk or an interrupt reads the same everywhere.
 """
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -22,7 +24,7 @@ from hydra.errors import (
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from replay.errors import InputError
+from replay.errors import ConfigError, InputError
 
 T = TypeVar("T")
 
@@ -30,6 +32,41 @@ T = TypeVar("T")
 def fail(message: object) -> NoReturn:
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:
+    """End on Ctrl-C with one line instead of Python's traceback.
+
+    The interrupt is raised on, so the program still ends as an interrupted program
+    should: killed by SIGINT (status 130 in a shell), which also stops a shell loop or
+    script that runs it. The line is printed once however many of these helpers the
+    interrupt passes through."""
+    if not getattr(exc, "reported", False):
+        print(f"interrupted (Ctrl-C){f'; {hint}' if hint else ''}", file=sys.stderr, flush=True)
+        exc.reported = True
+        sys.excepthook = _quiet_on_interrupt
+    raise exc
+
+
+def _quiet_on_interrupt(kind, value, traceback) -> None:
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, traceback)
+
+
+#: Errors by which the disk, not the program, refuses a write (a full disk, a quota, a
+#: read-only file system, a file too large); another ``OSError`` is a bug and keeps its
+#: traceback.
+WRITE_REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+def refused_write(exc: BaseException, where: object = None) -> str | None:
+    """The ``cannot write PATH (reason)`` line for a write the disk refused (``None``: ``exc``
+    is not one). ``where`` names the folder when the error does not name its file."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_REFUSED:
+        return None
+    from replay.outputs import output_error
+
+    return str(output_error(exc.filename or where or "a result file", exc))
 
 
 #: What Hydra raises for a config that does not compose: an unknown option or key, or an
@@ -92,15 +129,50 @@ def _keys_beside(key: str, overrides: Sequence[str]) -> list[str]:
     return sorted(str(k) for k in node) if isinstance(node, DictConfig) else []
 
 
-def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
-    """The config ``python -m replay OVERRIDES`` would run, or exit 2 naming what is wrong."""
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse an override that would compose without error but not as meant: a list of a
+    config group's options (``policy=[fcfs,mcsf]``), which Hydra merges into one config
+    (the last option wins key by key), so one policy runs where two were asked for."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from replay.config import CONFIG_DIR
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except HydraException:
+            continue  # composition names it (config_error_line)
+        group = override.key_or_group
+        if (isinstance(override.value(), list) and not override.is_sweep_override()
+                and (CONFIG_DIR / group).is_dir()):
+            choices = ",".join(str(v) for v in override.value())
+            raise ConfigError(
+                f"{text}: a list of {group} options merges them into one config (the last "
+                f"wins key by key), so only one would run; to run each, sweep them: "
+                f"python -m replay -m {group}={choices}")
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    """The config ``python -m replay OVERRIDES`` would run (not yet validated); one that does
+    not compose, or would not compose as meant (:func:`check_overrides`), is a
+    :class:`~replay.errors.ConfigError` whose message is the line ``replay`` prints for it.
+    The one composition path of every command that takes overrides."""
     from replay.config import compose_config
+
+    check_overrides(overrides)
+    try:
+        return compose_config(overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(config_error_line(exc, overrides)) from None
+
+
+def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
+    """The validated config of ``overrides`` (:func:`compose`), or exit 2 naming what is
+    wrong."""
     from replay.validate import validate_config
 
-    try:
-        cfg = compose_config(overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        fail(config_error_line(exc, overrides))
+    cfg = run_or_exit(compose, overrides)
     run_or_exit(validate_config, cfg)
     return cfg
 
@@ -122,7 +194,8 @@ def input_error_message(exc: BaseException) -> str:
 
 def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
     """Call ``work``; bad input (a rejected file or value, a config that does not compose)
-    becomes one ``error:`` line and exit status 2. Anything else keeps its traceback."""
+    and a write the disk refuses become one ``error:`` line and exit status 2, Ctrl-C one
+    line and status 130 (:func:`interrupted`). Anything else keeps its traceback."""
     try:
         return work(*args, **kwargs)
     except CONFIG_ERRORS as exc:
@@ -131,6 +204,13 @@ def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
         if not is_input_error(exc):
             raise
         fail(exc.__cause__ if isinstance(exc, InstantiationException) else exc)
+    except OSError as exc:
+        line = refused_write(exc)
+        if line is None:
+            raise
+        fail(line)
+    except KeyboardInterrupt as exc:
+        interrupted(exc)
 
 
 def error_summary(cfg: DictConfig, exc: BaseException) -> dict:

@@ -313,7 +313,9 @@ def positive_int(text: str) -> int:
     return value
 
 
-def main() -> None:
+def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int]:
+    """The command line as the setup both simulators share, the output folder and the
+    number of runs per case (``--n`` counts with and without ``--quick``)."""
     parser = argparse.ArgumentParser(prog="python -m replay.crosscheck",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=None,
@@ -325,18 +327,21 @@ def main() -> None:
                         help="runs per case and simulator; the fastest of each is timed")
     parser.add_argument("--no-reserve-prompt", dest="reserve_prompt", action="store_false",
                         help="Sarathi-like reserves prompt KV chunk by chunk (its default)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n = args.n if args.n is not None else (60 if args.quick else 1000)
-    setup = Setup(n=n, quick=args.quick,
-                  reserve_prompt=args.reserve_prompt)
-    run_or_exit(ensure_writable_dir, args.out)  # before minutes of simulation, not after
-    speed = run_or_exit(crosscheck, setup, args.out, repeat=args.repeat)
+    return Setup(n=n, quick=args.quick, reserve_prompt=args.reserve_prompt), args.out, args.repeat
+
+
+def main() -> None:
+    setup, out, repeat = parse_arguments()
+    run_or_exit(ensure_writable_dir, out)  # before minutes of simulation, not after
+    speed = run_or_exit(crosscheck, setup, out, repeat=repeat)
     total = speed[["requests", "kvsched_wall_s", "vidur_wall_s"]].sum()
     ours, theirs = (total["requests"] / total[f"{name}_wall_s"] for name in ("kvsched", "vidur"))
     print(f"simulated requests per wall-second: kvsched {ours:,.0f}, Vidur {theirs:,.0f}; "
           f"ratio {ours / theirs:.1f} (the same {int(total['requests'])} requests; "
-          f"{args.out / 'speed.csv'})")
+          f"{out / 'speed.csv'})")
 
 
 if __name__ == "__main__":
-    main()
+    run_or_exit(main)

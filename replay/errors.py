@@ -28,6 +28,10 @@ class OutputError(InputError, OSError):
         super().__init__(f"cannot write {path} ({reason})")
         self.path, self.reason = str(path), reason
 
+    def __reduce__(self):
+        # Rebuilt from its own arguments when a sweep worker hands it to the main process.
+        return type(self), (self.path, self.reason)
+
 
 class LimitError(ConfigError):
     """A config implies a size (requests, LP nonzeros, ...) beyond a limit: the message

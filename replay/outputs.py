@@ -3,6 +3,7 @@
 Every result file is written atomically (a temporary file in the same folder,
 then an atomic rename), the run summary last, so a folder either holds a
 finished run or no summary at all. A finished run is reused only if its
+summary is as written (its own digest), by this version of kvsched, and its
 resolved config, the hashes of its input files and its tables still match
 (:func:`stale_reason`); otherwise it is recomputed and the log says why.
 """
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import hashlib
 import json
 import math
 import os
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 
 from replay.data import file_record, sha256_of
@@ -50,6 +54,11 @@ def _reason(path: Path, exc: OSError) -> str:
     return f"{words}{f', {code}' if code else ''}{hints.get(exc.errno, '')}"
 
 
+def output_error(path: Path | str, exc: OSError) -> OutputError:
+    """The :class:`~replay.errors.OutputError` for ``exc``, raised writing ``path``."""
+    return OutputError(path, _reason(Path(path), exc))
+
+
 def _make_folder(folder: Path) -> list[Path]:
     """Create ``folder`` and its missing parents; the folders created (outermost first)."""
     missing = [p for p in [*reversed(folder.parents), folder] if not p.exists()]
@@ -82,7 +91,7 @@ def ensure_writable_dir(folder: Path | str) -> Path:
             os.fsync(fh.fileno())
     except OSError as exc:
         _remove_folders(created)
-        raise OutputError(folder, _reason(folder, exc)) from None
+        raise output_error(folder, exc) from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)
@@ -116,7 +125,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> dict:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
         _remove_folders(created)
-        raise OutputError(path, _reason(path, exc)) from None
+        raise output_error(path, exc) from None
     finally:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
@@ -169,6 +178,37 @@ def summary_json(summary: dict, **dumps) -> str:
     return json.dumps(cleaned, allow_nan=False, **{"indent": 1, "default": str, **dumps})
 
 
+#: The summary's key for the SHA-256 of the rest of its content (:func:`write_summary`).
+DIGEST_KEY = "summary_sha256"
+
+
+def summary_digest(summary: dict) -> str:
+    """The SHA-256 of a summary's content as JSON (keys sorted, no spacing, its own digest
+    left out): the same for the dict written and the dict read back."""
+    content = {k: v for k, v in summary.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"),
+                                     allow_nan=False).encode()).hexdigest()
+
+
+def write_summary(path: Path, summary: dict) -> dict:
+    """Write a run's summary atomically (:func:`summary_json`) with the digest of its own
+    content, so that a resume can tell an edited summary from the one a run wrote; returns
+    the summary as written (non-finite numbers as ``null``)."""
+    written = json.loads(summary_json(summary))
+    written[DIGEST_KEY] = summary_digest(written)
+    atomic_write_text(path, json.dumps(written, indent=1, allow_nan=False) + "\n")
+    return written
+
+
+@functools.cache
+def code_version() -> str:
+    """The version of kvsched that runs (recorded in every summary as ``packages.kvsched``)."""
+    try:
+        return metadata.version("kvsched")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def read_summary(path: Path) -> dict | None:
     """The summary at ``path``, or ``None`` if it is missing or not a whole JSON object."""
     try:
@@ -216,14 +256,40 @@ def stale_reason(out_dir: Path, resolved: dict, tables: Sequence[str]) -> str | 
         return "it failed before (status error)"
     if result_config(summary.get("config") or {}) != result_config(resolved):
         raise ValueError(f"{out_dir} holds a run of another config")
+    if DIGEST_KEY not in summary:
+        return ("its summary.json records no digest of its own content (written by an older "
+                "version), so it cannot be verified")
+    if summary_digest(summary) != summary[DIGEST_KEY]:
+        return "its summary.json was changed after the run wrote it (its digest differs)"
+    return run_problem(out_dir, summary, tables)
+
+
+def run_problem(out_dir: Path, summary: dict, tables: Sequence[str] | None = None) -> str | None:
+    """Why the finished run in ``out_dir`` no longer is what its ``summary`` records
+    (``None``: it still is): written by another version of kvsched, an input file gone or
+    changed, or a table missing or not of the recorded size and SHA-256 (``tables``: those
+    to check; by default every table the summary records). The part of a run's resume
+    check (:func:`stale_reason`) that a reproduction's up-to-date check repeats for every
+    run it drew figures from."""
+    written_by = (summary.get("packages") or {}).get("kvsched")
+    if written_by != code_version():
+        return f"it was written by kvsched {written_by}, and this is kvsched {code_version()}"
     changed = changed_inputs(summary.get("input_files", []))
     if changed:
         return "input files changed: " + "; ".join(changed)
+    return table_problem(out_dir, summary, tables)
+
+
+def table_problem(out_dir: Path, summary: dict, tables: Sequence[str] | None = None
+                  ) -> str | None:
+    """Why a table of the run in ``out_dir`` is not what its ``summary`` records: missing,
+    or not of the recorded size and SHA-256 (``tables``: those to check; by default every
+    table the summary records). ``None``: every one is as written."""
     records = summary.get("output_files")
     if not isinstance(records, dict):
         return ("its summary.json records no sizes and hashes of its tables (written by an "
                 "older version), so they cannot be verified")
-    for name in tables:
+    for name in records if tables is None else tables:
         if name not in records:
             return f"its {name} was not written"
         wrong = mismatch(out_dir / name, records[name])

@@ -13,6 +13,9 @@ is built (``replay.validate.validate_config`` walks every node with a ``_target_
 a new component gets the checks by declaring them: unknown keys, wrong types, NaN or
 infinity, and out-of-range values are a :class:`~replay.errors.ConfigError` naming the
 key, the value and what is allowed. Cross-field rules stay in the component.
+
+One range is declared by name for every component: a parameter named ``*time_limit_s`` is
+at most :data:`MAX_TIME_LIMIT_S`, whatever its own range says.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ from replay.errors import ConfigError
 
 #: Config keys Hydra reads itself (never parameters).
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
+
+#: The longest time limit (seconds) a parameter named ``*time_limit_s`` may give: a limit
+#: ends up as a timeout of the operating system (a solver worker's), whose timers count
+#: milliseconds in 32 bits (24.8 days) and fail beyond. A million seconds (11.6 days) is
+#: longer than any solve worth waiting for.
+MAX_TIME_LIMIT_S = 1e6
 
 
 @dataclass(frozen=True)
@@ -143,7 +152,8 @@ def _says(hint) -> str:
         element = args[0] if args else Any
         return "a list" + ("" if element is Any else f" of {_plural(_says(element))}")
     if hint in _MAPPINGS or origin in _MAPPINGS:
-        return "a mapping"
+        value = args[1] if len(args) == 2 else Any
+        return "a mapping" + ("" if value is Any else f" to {_plural(_says(value))}")
     if dataclasses.is_dataclass(hint):
         return f"a record {{{', '.join(f.name for f in dataclasses.fields(hint))}}}"
     if isinstance(hint, type) and hint.__module__ not in ("builtins", "numpy"):
@@ -160,6 +170,8 @@ def _plural(words: str) -> str:
 
 
 def _numbers(value) -> list:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
     if isinstance(value, list | tuple):
         return [x for v in value for x in _numbers(v)]
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -182,6 +194,16 @@ def _ranges(target) -> dict[str, Range]:
         return {}
     return {f.name: f.metadata["range"] for f in dataclasses.fields(target)
             if "range" in f.metadata}
+
+
+def _range_of(name: str, declared: Range | None) -> Range | None:
+    """The range a parameter's values must lie in: its declared one, and for a time limit
+    (``*time_limit_s``) at most :data:`MAX_TIME_LIMIT_S` too."""
+    if not name.endswith("time_limit_s"):
+        return declared
+    declared = declared or Range()
+    upper = MAX_TIME_LIMIT_S if declared.le is None else min(declared.le, MAX_TIME_LIMIT_S)
+    return dataclasses.replace(declared, le=upper)
 
 
 def _reject(key: str, value, hint, bounds: Range | None) -> typing.NoReturn:
@@ -248,7 +270,7 @@ def check_params(target, node: dict, key: str) -> None:
         if isinstance(value, dict) and "_target_" in value:
             continue
         if k in hints:
-            check_value(f"{key}.{k}", value, hints[k], ranges.get(k))
+            check_value(f"{key}.{k}", value, hints[k], _range_of(k, ranges.get(k)))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
 """``python -m replay.plots kv RUN_DIR [RUN_DIR ...] --out FILE.png``: the KV-usage timeline
 of finished runs with the capacity ``M`` marked (the figures themselves live in
 :mod:`replay.experiments.plots`).
+
+Each folder must hold a finished run whose iteration table is the one the run wrote
+(:func:`replay.outputs.table_problem`); a missing, unfinished, failed or damaged run is
+one ``error:`` line naming the folder and what is wrong.
 """
 
 from __future__ import annotations
@@ -8,7 +12,39 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from replay.experiments.plots.common import load_run, plot_kv_timelines
+import pandas as pd
+
+from replay.errors import InputError
+from replay.experiments.plots.common import plot_kv_timelines
+from replay.outputs import ensure_writable_dir, read_summary, table_problem
+
+TABLE = "iterations.parquet"
+
+
+def finished_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
+    """The summary and iteration table of the finished run in ``run_dir``, or an
+    :class:`~replay.errors.InputError` saying why there is none to plot."""
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such run folder")
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise InputError(f"{run_dir}: not a finished run (no summary.json)")
+    summary = read_summary(summary_path)
+    if summary is None:
+        raise InputError(f"{summary_path}: not a whole JSON object (damaged, or a run "
+                         f"interrupted while writing it)")
+    if summary.get("status") == "error":
+        raise InputError(f"{run_dir}: the run failed, nothing to plot "
+                         f"({summary.get('message', 'no message')})")
+    if not isinstance(summary.get("kv_capacity"), int):
+        raise InputError(f"{summary_path}: no kv_capacity (not the summary of a replay)")
+    if TABLE not in (summary.get("output_files") or {TABLE: None}):
+        raise InputError(f"{run_dir}: the run wrote no {TABLE} (output.iteration_table=false); "
+                         f"run it again with output.iteration_table=true")
+    problem = table_problem(run_dir, summary, (TABLE,))
+    if problem:
+        raise InputError(f"{run_dir}: {problem}; run it again")
+    return summary, pd.read_parquet(run_dir / TABLE)
 
 
 def main() -> None:
@@ -18,9 +54,10 @@ def main() -> None:
     kv.add_argument("runs", nargs="+", type=Path, help="run directories")
     kv.add_argument("--out", type=Path, default=Path("kv_timeline.png"))
     args = parser.parse_args()
+    ensure_writable_dir(args.out.parent)
     runs = []
     for run_dir in args.runs:
-        summary, _, iterations = load_run(run_dir)
+        summary, iterations = finished_run(run_dir)
         label = f"{run_dir.name} ({summary['status']})"
         runs.append((label, iterations, summary["kv_capacity"]))
     print(plot_kv_timelines(runs, args.out))

@@ -6,10 +6,12 @@ them) into ``outputs/reproduce/<target>/``, from the target's results table
 (``runs/results.parquet``, :mod:`replay.results`), and records what it wrote in
 ``outputs.json`` (size and SHA-256 of every output, the hashes of the run summaries and
 configs it was drawn from, the commit, config and date). A target is skipped as up to
-date only if that record still holds (:func:`stale_reason`): same configs, every run's
-input files unchanged (the rule of a run's own resume check), no run redone since, and
-every output as written. Inside a target, finished runs are reused by the runs' own
-resume check, so an interrupted target continues where it stopped.
+date only if that record still holds (:func:`stale_reason`): same configs, no run redone
+since, every run still what its summary records (the rule of a run's own resume check:
+same kvsched version, input files unchanged, every table of the recorded size and
+SHA-256), and every output as written. Inside a target, finished runs are reused by the
+runs' own resume check, so an interrupted target continues where it stopped, and a run
+whose table was damaged is run again.
 
 ``--quick`` runs a scaled-down version (seconds) into
 ``outputs/reproduce/<target>-quick/``; ``all`` runs every target; ``--set KEY=VALUE`` adds
@@ -39,13 +41,20 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from replay.cli import fail, run_or_exit
+from replay.cli import fail, interrupted, run_or_exit
 from replay.config import CONFIG_DIR
 from replay.data import sha256_of
+from replay.errors import ConfigError
 from replay.experiments.report import build_report, git_describe, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
 from replay.experiments.time_spent import run_sums
-from replay.outputs import changed_inputs, ensure_writable_dir
+from replay.outputs import (
+    atomic_write_text,
+    changed_inputs,
+    ensure_writable_dir,
+    read_summary,
+    run_problem,
+)
 from replay.results import TABLE_NAME, collect
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,9 +114,10 @@ def stale_reason(name: str, out_dir: Path, quick: bool,
 
     Up to date means: its manifest (``outputs.json``) exists and was written for the same
     config files and overrides; every run it was drawn from is still there, unchanged,
-    and reads input files whose SHA-256 still matches the run's summary (as a run's own
-    resume check requires); and every output it lists has the size and SHA-256 it was
-    written with.
+    and still what its summary records (:func:`replay.outputs.run_problem`, as a run's own
+    resume check requires: the same kvsched version, input files of the same SHA-256, every
+    table of the recorded size and SHA-256; a study's summary records its input files
+    only); and every output it lists has the size and SHA-256 it was written with.
     """
     try:
         manifest = json.loads((out_dir / MANIFEST).read_text())
@@ -120,11 +130,18 @@ def stale_reason(name: str, out_dir: Path, quick: bool,
     if run_summaries(runs_dir) != manifest.get("runs"):
         return "its runs changed since the figures were drawn"
     for summary in sorted(runs_dir.rglob("summary.json")):
-        record = json.loads(summary.read_text())
+        run = summary.parent.relative_to(out_dir).as_posix()
+        record = read_summary(summary)
+        if record is None:
+            return f"run {run}: its summary.json is unreadable"
+        if "output_files" in record:  # a replay's run: the tables it wrote are recorded
+            problem = run_problem(summary.parent, record)
+            if problem:
+                return f"run {run}: {problem}"
+            continue
         changed = changed_inputs(record.get("input_files") or [])
         if changed:
-            return (f"run {summary.parent.relative_to(out_dir).as_posix()}: input files "
-                    f"changed: {'; '.join(changed)}")
+            return f"run {run}: input files changed: {'; '.join(changed)}"
     for output in manifest.get("outputs", []):
         path = out_dir / output["path"]
         if not path.is_file():
@@ -148,12 +165,12 @@ class Tally:
     up_to_date: bool = False  # the target's manifest still held: nothing ran
 
 
-def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
-    """Run ``python -m replay COMMAND`` with one progress bar over its finished runs.
+def _run_quietly(command: list[str], label: str, tally: Tally) -> tuple[int, list[str]]:
+    """Run ``python -m replay COMMAND`` with one progress bar over its finished runs; its
+    exit status and the last lines of its other output (to show if it failed).
 
     Each run prints its summary as one JSON line (full summaries stay in the run
-    folders); those are counted, not echoed. The other output is kept and its last
-    lines are shown only if the command fails.
+    folders); those are counted, not echoed.
     """
     tail: deque[str] = deque(maxlen=25)
     reused_before = tally.reused
@@ -172,9 +189,7 @@ def _run_quietly(command: list[str], label: str, tally: Tally) -> int:
             else:
                 tail.append(line.rstrip())
     tally.ran += bar.n - (tally.reused - reused_before)
-    if proc.returncode != 0:
-        print("\n".join(tail), file=sys.stderr, flush=True)
-    return proc.returncode
+    return proc.returncode, list(tail)
 
 
 def run_target(name: str, quick: bool = False, force: bool = False,
@@ -210,10 +225,13 @@ def run_target(name: str, quick: bool = False, force: bool = False,
         else:
             command = [*overrides, *extra, f"hydra.run.dir={where}"]
         print(f"  python -m replay {' '.join(command)}", flush=True)
-        returncode = _run_quietly(command, f"{name}/{sweep}" if sweep else name, tally)
+        returncode, tail = _run_quietly(command, f"{name}/{sweep}" if sweep else name, tally)
         if returncode != 0:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            failed_record.write_text(json.dumps({
+            # A full or read-only disk fails every target alike: one error line (OutputError)
+            # ends the reproduction, instead of a failure per target.
+            ensure_writable_dir(out_dir)
+            print("\n".join(tail), file=sys.stderr, flush=True)
+            atomic_write_text(failed_record, json.dumps({
                 "date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": git_describe(),
                 "sweep": sweep, "returncode": returncode}))
             raise TargetFailed(f"{name}: `python -m replay {' '.join(command)}` exited with "
@@ -224,7 +242,7 @@ def run_target(name: str, quick: bool = False, force: bool = False,
     figures = [p for figure in target.figures for p in figure(runs_dir, out_dir)]
     finished = time.perf_counter()
     written = [q for p in figures for q in (p, p.with_suffix(".csv")) if q.is_file()]
-    (out_dir / MANIFEST).write_text(json.dumps({
+    atomic_write_text(out_dir / MANIFEST, json.dumps({
         "target": name, "quick": quick, "commit": git_describe(),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "seconds": finished - started,
         "time": time_breakdown(runs_dir, figures_started - runs_started,
@@ -245,13 +263,46 @@ def run_target(name: str, quick: bool = False, force: bool = False,
 def check_settings(settings: tuple[str, ...]) -> None:
     """``--set`` overrides must be ``KEY=VALUE`` and compose with the base config."""
     from replay.config import compose_config
-    from replay.errors import ConfigError
     from replay.validate import validate_config
 
     for setting in settings:
         if "=" not in setting or setting.startswith("="):
             raise ConfigError(f"--set {setting!r}: expected KEY=VALUE")
     validate_config(compose_config(settings))
+
+
+def results_folder(args: argparse.Namespace) -> Path | None:
+    """Where ``report`` writes the results pages: ``--results``, else the checkout's
+    ``docs/results/`` for full-size targets (``None``: no pages, as with ``--quick``)."""
+    if args.results is not None:
+        return args.results
+    if not args.quick and (REPO / "docs" / "results").is_dir():
+        return REPO / "docs" / "results"
+    return None
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Options that would be ignored are refused before anything runs: the report's
+    folders without ``report``, and a ``--reference`` that is not a folder or that no
+    results page would read."""
+    if "report" not in args.targets:
+        given = [f"--{name}" for name in ("report", "results", "reference")
+                 if getattr(args, name) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only used by the target `report`, which "
+                              f"is not asked for")
+    if args.reference is None:
+        return
+    if not args.reference.is_dir():
+        raise ConfigError(f"--reference {args.reference}: no such folder (an --outputs folder "
+                          f"of targets run with --set engine.compiled=false)")
+    if results_folder(args) is None:
+        raise ConfigError("--reference is shown on the results pages, which are not written "
+                          "with --quick; give --results DIR to write them")
+
+
+#: What Ctrl-C leaves of a reproduction (each run folder is finished or empty).
+RESUME_HINT = "finished runs are kept, and the same command resumes from them"
 
 
 def main() -> None:
@@ -279,6 +330,7 @@ def main() -> None:
                              "docs/results/ of the checkout, and none with --quick: quick "
                              "results are not results)")
     args = parser.parse_args()
+    run_or_exit(check_arguments, args)
     names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
                                                           if t != "report"]
     failed, rows = [], []
@@ -297,6 +349,8 @@ def main() -> None:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             failed.append(name)
             outputs, state = [], "FAILED"
+        except KeyboardInterrupt as exc:
+            interrupted(exc, RESUME_HINT)
         rows.append((name, state, tally.ran, tally.reused, tally.failed, len(outputs),
                      time.perf_counter() - started))
     if rows:
@@ -315,9 +369,7 @@ def main() -> None:
                                                            else "report")
         run_or_exit(ensure_writable_dir, report_dir)
         print(f"wrote {run_or_exit(build_report, TARGETS, outputs_root, report_dir, args.quick)}")
-        results_dir = args.results
-        if results_dir is None and not args.quick and (REPO / "docs" / "results").is_dir():
-            results_dir = REPO / "docs" / "results"
+        results_dir = results_folder(args)
         if results_dir is not None:
             run_or_exit(ensure_writable_dir, results_dir)
             for page in run_or_exit(write_results_pages, TARGETS, outputs_root, results_dir,
@@ -328,4 +380,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_or_exit(main)

@@ -209,4 +209,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_or_exit(main)

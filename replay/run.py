@@ -29,10 +29,9 @@ from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stabil
 from replay.outputs import (
     TABLES,
     atomic_write,
-    atomic_write_text,
     read_summary,
     stale_reason,
-    summary_json,
+    write_summary,
 )
 from replay.workloads.prediction import error_summary, predict
 
@@ -239,7 +238,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     # The summary, written last, is the manifest: a resume reuses this run only while every
     # table still has the size and SHA-256 recorded here (replay.outputs.stale_reason).
     summary["output_files"] = written
-    atomic_write_text(out_dir / "summary.json", summary_json(summary) + "\n")
+    write_summary(out_dir / "summary.json", summary)
     if result.status != "completed":
         log.warning("run ended with status %s: %s", result.status, result.message)
     return summary

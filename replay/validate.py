@@ -35,6 +35,11 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: How a run can end besides ``completed`` (``RunResult.status``), and ``error`` (its input
+#: was rejected): the statuses ``output.fail_on`` may name.
+FAILURE_STATUSES = ("livelock", "stalled", "step_limit", "error")
+
+
 RULES = (
     Rule("seed", int, lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
     Rule("workload_seed", int, lambda v: _whole(v) and v >= 0, "a whole number >= 0 or null",
@@ -59,6 +64,9 @@ RULES = (
     Rule("limits.max_requests", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("batch_limit", (int, float), lambda v: not isinstance(v, bool) and v > 0,
          "a number > 0"),
+    Rule("output.fail_on", list, lambda v: all(s in FAILURE_STATUSES for s in v),
+         f"a list of run statuses, each one of {', '.join(FAILURE_STATUSES)} (e.g. "
+         f"[livelock, stalled])"),
 )
 
 

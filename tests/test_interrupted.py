@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 #: Results that do not depend on how the run went (wall times and paths do).
 VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "compile_time_s", "config",
-            "packages", "input_files", "timing"}
+            "packages", "input_files", "timing", "summary_sha256"}  # the digest covers times
 SWEEP = ["-m", "policy=fcfs,mcsf,protection", "seed=0,1", "workload.n=300",
          "arrivals.rate=50", "kv.tokens=3000"]
 STUDY = ["experiment=mcsf_vs_opt_offline_small", "study.workers=1", "study.progress=false",
@@ -88,3 +88,26 @@ def test_killed_study_resumes_to_the_same_trials(reference, tmp_path, kill):
     ours = pd.read_csv(tmp_path / "study" / "trials.csv").sort_values("trial")[key]
     theirs = pd.read_csv(reference / "study" / "trials.csv").sort_values("trial")[key]
     pd.testing.assert_frame_equal(ours.reset_index(drop=True), theirs.reset_index(drop=True))
+
+
+@pytest.mark.parametrize("args", [["workload.n=200000", "arrivals.rate=50",
+                                   "engine.compiled=false"], SWEEP])
+def test_ctrl_c_is_one_line_and_an_interrupted_exit(tmp_path, args):
+    """Issue 45 item 9: Ctrl-C printed Python's traceback (30-40 lines)."""
+    where = (f"hydra.sweep.dir={tmp_path / 'sweep'}" if "-m" in args
+             else f"hydra.run.dir={tmp_path / 'run'}")
+    proc = subprocess.Popen([sys.executable, "-m", "replay", *args, where], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.rglob(".hydra")) and time.monotonic() < deadline:
+        time.sleep(0.2)   # until Hydra has started a job
+    time.sleep(1.0)
+    assert proc.poll() is None, "finished before the interrupt: give it more work"
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+    _, err = proc.communicate(timeout=60)
+    # Ended by SIGINT, as an interrupted program should be: status 130 in a shell.
+    assert proc.returncode == -signal.SIGINT
+    assert err.splitlines()[-1] == ("interrupted (Ctrl-C); finished runs are kept, and the same "
+                                    "command resumes from them")
+    assert "Traceback" not in err and err.count("interrupted") == 1, err

@@ -20,7 +20,7 @@ SWEEP = ("-m", "experiment=c3_example", "policy=fcfs,mcsf,sorted_f",
          "output_len:1}]")
 #: What may differ between launchers: wall-clock times and the run's own record of them.
 VOLATILE = {"wall_time_s", "loop_time_s", "decision_time_s", "compile_time_s", "policy_info",
-            "config", "input_files", "packages"}
+            "config", "input_files", "packages", "summary_sha256"}
 
 
 def sweep_results(sweep_dir) -> dict:

@@ -168,7 +168,7 @@ def test_progress_counts_summaries_even_when_parallel_jobs_share_a_line(monkeypa
 
     monkeypatch.setattr(reproduce.subprocess, "Popen", lambda *a, **k: FakeProcess())
     tally = reproduce.Tally()
-    assert reproduce._run_quietly(["-m"], "x", tally) == 0
+    assert reproduce._run_quietly(["-m"], "x", tally)[0] == 0
     assert (tally.ran, tally.reused, tally.failed) == (2, 1, 1)
 
 
@@ -303,10 +303,11 @@ def tiny(tmp_path, monkeypatch):
     """A one-run target that reads a trace file of its own (unit time: seconds to run)."""
     data = tmp_path / "data"
     (data / "traces").mkdir(parents=True)
-    (data / "traces" / "splitwise_conv.csv").write_text(TRACE)
+    # Not under a name traces.fetch knows: such a file must be the validated copy.
+    (data / "traces" / "tiny.csv").write_text(TRACE)
     monkeypatch.setitem(TARGETS, "tiny", Target(
-        "a trace file in unit time", ("workload=splitwise_conv", "timing=unit",
-                                      "arrivals=all_at_once", f"data_dir={data}", "kv=explicit",
+        "a trace file in unit time", ("workload=csv", f"workload.path={data}/traces/tiny.csv",
+                                      "timing=unit", "arrivals=all_at_once", "kv=explicit",
                                       "kv.tokens=400", "policy=mcsf"),
         figures=(tel_figure,)))
     root = tmp_path / "reproduce"
@@ -314,7 +315,7 @@ def tiny(tmp_path, monkeypatch):
     tally = Tally()
     assert run_target("tiny", outputs_root=root, tally=tally) == [png]
     assert tally.up_to_date and stale_reason("tiny", root / "tiny", quick=False) is None
-    return root, png, data / "traces" / "splitwise_conv.csv"
+    return root, png, data / "traces" / "tiny.csv"
 
 
 def test_a_changed_input_file_makes_the_target_run_again(tiny):

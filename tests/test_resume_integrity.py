@@ -196,7 +196,7 @@ def test_every_command_has_help(name):
 
 
 @pytest.mark.parametrize(("name", "args", "fragment"), [
-    ("replay.plots", ["kv", "/nonexistent"], "not a finished run"),
+    ("replay.plots", ["kv", "/nonexistent"], "/nonexistent: no such run folder"),
     ("replay.timing.shapes", ["policy=nope"], "policy=nope: no such option"),
     ("replay.timing.shapes", ["data_dir=/nonexistent"], "not found"),
     ("replay.timing.attention_sources", ["data_dir=/nonexistent"], "not found"),

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from replay.cli import input_error_message, is_input_error
+from replay.cli import check_overrides, input_error_message, is_input_error
 from replay.config import compose_config
 from replay.errors import ConfigError
 from replay.run import build_and_run
@@ -109,6 +109,17 @@ _bases: dict = {}
      "workload.types[0].bogus is not a parameter"),
     (["workload=typed", "arrivals=trace", "workload.duration_s=1",
       "workload.types=[{prompt_len:10,output_len:10,rate:.inf}]"], "workload.types[0].rate"),
+    # Issue 45 items 3 and 9.
+    (["workload=fixed", "workload.groups=[{count:-1,prompt_len:10,output_len:10}]"],
+     "workload.groups[0].count=-1 is not allowed: it must be a whole number (>= 1)"),
+    (["workload=fixed", "workload.groups=[{count:2,prompt_len:10}]"],
+     "workload.groups[0].output_len is required by replay.workloads.composite.RequestGroup"),
+    (["output.fail_on=banana"], "output.fail_on='banana' is not allowed: it must be a list of "
+                                "run statuses, each one of livelock, stalled, step_limit, error"),
+    (["output.fail_on=[livelock,banana]"], "output.fail_on=['livelock', 'banana'] is not "
+                                           "allowed"),
+    (["policy=sorted_lp", "policy.time_limit_s=1e18"],
+     "policy.time_limit_s=1e+18 is not allowed: it must be a finite number (> 0 and <= 1e+06)"),
 ])
 def test_values_that_escaped_validation_are_refused_naming_the_key(overrides, fragment):
     with pytest.raises(ConfigError, match=None) as caught:
@@ -141,3 +152,37 @@ def test_the_command_line_answers_a_bad_policy_value_with_one_line(tmp_path):
                           check=False)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("error: policy.alpha='abc' is not allowed")
+
+
+@pytest.mark.parametrize("override", ["policy=[fcfs,mcsf]", "+workload=[lmsys]"])
+def test_a_list_of_group_options_is_refused_not_merged(override):
+    group = override.lstrip("+").split("=")[0]
+    with pytest.raises(ConfigError) as caught:
+        check_overrides(["workload.n=5", override])
+    assert str(caught.value) == (
+        f"{override}: a list of {group} options merges them into one config (the last wins key "
+        f"by key), so only one would run; to run each, sweep them: python -m replay -m "
+        f"{group}={override.split('=[')[1].rstrip(']')}")
+
+
+def test_a_list_value_of_a_key_and_a_sweep_of_options_are_not_refused():
+    check_overrides(["workload.groups=[{count:1,prompt_len:2,output_len:3}]", "policy=fcfs,mcsf",
+                     "output.fail_on=[livelock]"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["policy=nope"], "policy=nope: no such option in config group 'policy'; choose one of: "
+                      "a_min, clearing, fcfs, lp_swap, mcsf, nested_wait, paper_fcfs, "
+                      "protection, sarathi, sorted_f, sorted_lp, vllm, wait"),
+    (["timing.nosuch=1"], "timing.nosuch: no such config key; the keys there are: _target_, "
+                          "attention, beyond_profile, cache_dir, device, "),
+    (["policy=[fcfs,mcsf]"], "policy=[fcfs,mcsf]: a list of policy options merges them"),
+])
+def test_a_command_composing_overrides_says_what_replay_says(overrides, message):
+    """Issue 45 item 9: every command's overrides go through replay's composition path
+    (here timing.shapes, whose vidur timing node the unknown key is looked up in)."""
+    from replay.timing.shapes import compose_timing
+
+    with pytest.raises(ConfigError) as caught:
+        compose_timing("llama2_7b", "a100x1", overrides)
+    assert str(caught.value).startswith(message)

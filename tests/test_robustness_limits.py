@@ -13,6 +13,7 @@ from replay.bounds.instance import Instance
 from replay.config import compose_config
 from replay.errors import LimitError
 from replay.run import build_and_run
+from replay.workloads.composite import FixedGroups
 from replay.workloads.typed import Typed
 
 
@@ -27,6 +28,22 @@ def test_an_absurd_typed_rate_is_refused_on_its_estimate_before_drawing(monkeypa
     with pytest.raises(LimitError, match=r"~2e\+09 requests .*workload.types\[\*\].rate x "
                                          r"workload.duration_s"):
         build_and_run(cfg)
+
+
+def test_a_billion_fixed_requests_are_refused_before_allocation(monkeypatch):
+    """Issue 45 item 3: ``count: 1000000000`` allocated 7.45 GiB."""
+    def never(*args, **kwargs):
+        raise AssertionError("sampled: the guard must come before any allocation")
+
+    monkeypatch.setattr(FixedGroups, "sample", never)
+    cfg = compose_config(["workload=fixed", "arrivals=all_at_once", "timing=unit",
+                          "workload.groups=[{count:1000000000,prompt_len:10,output_len:10},"
+                          "{count:5,prompt_len:1,output_len:1}]"])
+    with pytest.raises(LimitError) as caught:
+        build_and_run(cfg)
+    assert str(caught.value) == ("this run would draw ~1e+09 requests (limit 2e+07); it "
+                                 "follows from workload.groups[*].count: lower it (or raise "
+                                 "+limits.max_requests=N)")
 
 
 def test_the_request_limit_is_a_config_key():

@@ -105,6 +105,16 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path):
         assert "summary.json" not in left
 
 
+def test_a_reproduction_onto_a_full_disk_is_one_line(tmp_path):
+    """Issue 45 item 5: the sweep's worker and the reproduction's own records both met the
+    full disk with a traceback."""
+    with tmpfs(tmp_path / "full") as full:
+        done = module("replay.reproduce", "c3", "--outputs", str(full / "out"))
+        one_error_line(done, "(No space left on device, ENOSPC; free space or choose another "
+                             "folder)")
+        assert f"cannot write {full}/out" in done.stderr
+
+
 def test_a_read_only_folder_is_one_line(tmp_path):
     _, out = finished_run(tmp_path)
     with tmpfs(tmp_path / "ro", "ro") as ro:

@@ -192,7 +192,7 @@ def test_without_drop_a_zero_row_fails_validation_naming_the_line(tmp_path):
 @pytest.mark.parametrize(("text", "message"), [
     ("s,o\n1,2\n3,x\n", r"trace.csv line 3: field 'o' = 'x' is not an integer"),
     ("s,o\n1,2\n3.5,4\n", r"trace.csv line 3: field 's' = '3.5' is not an integer"),
-    ("s,o\n1,2\n5\n", r"trace.csv line 3: field 'o' = '' is not an integer"),
+    ("s,o\n1,2\n5\n", r"trace.csv line 3: 1 field\(s\) where the header has 2; the row"),
     ("s,o\n1,2\n\n3,4\n", r"trace.csv line 3: field 's' = '' is not an integer"),
     ("s,o\n1,2\n3,NA\n", r"trace.csv line 3: field 'o' = 'NA' is not an integer"),
     ("s,o\n1,2\n3,4,5\n", r"trace.csv: malformed CSV .*line 3"),

@@ -18,40 +18,12 @@ from pathlib import Path
 
 import pooch
 
-from replay.data import RemoteFile
+# The trace list lives with the data directory's reader, which checks each file against it.
+from replay.data import TRACE_FILES, RemoteFile
 from replay.errors import InputError
 from replay.outputs import ensure_writable_dir
 
-_VIDUR = "microsoft/vidur"
-TRACE_FILES: tuple[RemoteFile, ...] = (
-    RemoteFile("traces/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", _VIDUR,
-               "6d98aa8f71696520acc603d87439e77cc78160a7",
-               "data/processed_traces/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
-               "9d3580538d915ca75e4aaaa54590b42dbb17abc6d74c8913310cf07c232adcdc", 884_932),
-    RemoteFile("traces/splitwise_conv.csv", _VIDUR, "8e54dd5c137a9b5aa0b6ff512ace6cc7caf8a377",
-               "data/processed_traces/splitwise_conv.csv",
-               "439e4138b7e384f316de614c071f7162be05b8af0cef866f82faacd1b0472249", 382_729),
-    RemoteFile("traces/splitwise_code.csv", _VIDUR, "4f9167b6e76099943b2a8195cb1fcac7d693ead9",
-               "data/processed_traces/splitwise_code.csv",
-               "f266b907d109d471c61283ab69771c17ad79a18b33ff6e96aa546346f52767a6", 166_195),
-    RemoteFile("traces/lmsys_chat_1m_words_in_lt257_out_lt257.csv", "Luoxiaogan/vidur_or",
-               "aa5e1571214b75a08a040638bda43bf83402cd03",
-               "lmsys_chat_1m_dataset/output_trace/input<257_output<257.csv",
-               "626612facf53f4d67b5aecb9b27da7cb1245bb0a8df67a2abcd0fc4c658f1444", 4_028_459),
-    # Mooncake FAST'25 traces (Apache-2.0), pinned to commits of the origin that hold them.
-    RemoteFile("traces/mooncake/conversation_trace.jsonl", "kvcache-ai/Mooncake",
-               "a2a4b18ac537fd798d50e6e9f57031ce86419a37",
-               "FAST25-release/traces/conversation_trace.jsonl",
-               "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df", 3_029_533),
-    RemoteFile("traces/mooncake/synthetic_trace.jsonl", "kvcache-ai/Mooncake",
-               "3cca71daccf2a7afb8fe3f0295358f70e3a69fdb",
-               "FAST25-release/traces/synthetic_trace.jsonl",
-               "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131", 1_136_313),
-    # The commit and path of this one could not be confirmed offline: the hash check decides.
-    RemoteFile("traces/sharegpt_val_10k_llama2.csv", "AKafakA/vidur_opt_scheduler", "main",
-               "data/trace_data/sharegpt/sharegpt_val_10k_llama2.csv",
-               "e8eb6769b07f47a44fcb8caecf78dfc247103d65f84c4053bd9ae593caa01c63", 278_423),
-)
+__all__ = ["TRACE_FILES", "FetchError", "fetch", "main"]
 
 
 class FetchError(InputError, RuntimeError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import time
 
@@ -13,6 +14,9 @@ from replay.bounds.lp import _solve_here, result_fields
 
 
 def main() -> None:
+    # Ctrl-C reaches this child too (a terminal signals the whole process group): it ends at
+    # once and silently; the process that started it reports the interrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     # The answer goes to the original stdout; anything a library prints goes to stderr,
     # where it cannot corrupt the answer.
     answer = os.fdopen(os.dup(sys.stdout.fileno()), "wb")

@@ -420,4 +420,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from replay.cli import run_or_exit
+
+    sys.exit(run_or_exit(main))

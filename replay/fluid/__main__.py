@@ -74,4 +74,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from replay.cli import run_or_exit
+
+    run_or_exit(main)

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from replay.cli import run_or_exit
-from replay.config import compose_config
+from replay.cli import compose, run_or_exit
 from replay.data import require_file
 from replay.timing import aiconfigurator, attention_7b
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
@@ -88,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("outputs/attention_sources"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides (e.g. data_dir=...)")
     args = parser.parse_args(argv)
-    cfg = compose_config(["model=llama2_7b", "hardware=a100x1", "timing=vidur",
-                          *args.overrides])
+    cfg = compose(["model=llama2_7b", "hardware=a100x1", "timing=vidur", *args.overrides])
     source = require_file(
         profile_paths(Path(cfg.timing.profile_dir), MODEL_70B, "a100")["attention"],
         fetch_hint("attention", MODEL_70B, "a100"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replay.data import RemoteFile
+from replay.data import RemoteFile, know
 
 VIDUR_REPO = "microsoft/vidur"
 ATTENTION_70B_COMMIT = "e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a"
@@ -86,6 +86,8 @@ PROFILE_FILES: tuple[RemoteFile, ...] = (
                 "7e5968cf616af8208a1420816c4ffba9ee857cd989148ae54ebf46239e477a72", 176_791),
 )
 _BY_PATH = {remote.relpath: remote for remote in PROFILE_FILES}
+# require_file then refuses a copy of one of these (below any profile_dir) whose bytes differ.
+know(PROFILE_FILES, PROFILE_ROOT)
 
 
 def profile_paths(profile_dir: Path, model: str, device: str,

@@ -34,8 +34,7 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 
-from replay.cli import run_or_exit
-from replay.config import compose_config
+from replay.cli import compose, run_or_exit
 from replay.engine.timing import BatchShape
 from replay.outputs import atomic_write, atomic_write_text, ensure_writable_dir
 from replay.timing.vidur_tables import TOKEN_OPS, TOKEN_ROUNDING
@@ -45,8 +44,7 @@ MODEL_HARDWARE = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"))
 
 def compose_timing(model: str, hardware: str, overrides=(), timing: str = "vidur"):
     """The timing backend the replay would build for ``model`` on ``hardware``."""
-    cfg = compose_config([f"model={model}", f"hardware={hardware}", f"timing={timing}",
-                          *overrides])
+    cfg = compose([f"model={model}", f"hardware={hardware}", f"timing={timing}", *overrides])
     return instantiate(cfg.timing)
 
 
@@ -84,7 +82,7 @@ def typical_iteration(experiment: str, overrides=()) -> tuple[BatchShape, dict]:
     slots before the iteration (stage 0: none, it prefills ``s_j`` tokens)."""
     from replay.fluid.model import TypeMix, wait_thresholds
 
-    cfg = compose_config([f"experiment={experiment}", *overrides])
+    cfg = compose([f"experiment={experiment}", *overrides])
     if "types" not in cfg.workload:
         raise ValueError(f"--explain needs a typed experiment; {experiment} has no types")
     mix = TypeMix.from_types(list(instantiate(cfg.workload).types))

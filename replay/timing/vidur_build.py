@@ -39,7 +39,7 @@ from vidur.execution_time_predictor.sklearn_execution_time_predictor import (
     SklearnExecutionTimePredictor,
 )
 
-from replay.timing.vidur_spec import PredictorSpec, ProfileFiles
+from replay.timing.vidur_spec import PredictorSpec, ProfileFiles, check_profile
 
 PREDICTOR_CONFIGS = {"random_forest": RandomForrestExecutionTimePredictorConfig,
                      "linear_regression": LinearRegressionExecutionTimePredictorConfig}
@@ -109,9 +109,33 @@ def _quiet_vidur_logs():
 VIDUR_MODEL_NAMES = {"meta-llama/Meta-Llama-3-8B": "meta-llama/Llama-3-8B"}
 
 
+def check_profiles(spec: PredictorSpec, files: ProfileFiles, replica_config: ReplicaConfig
+                   ) -> None:
+    """Every profile Vidur is about to train on, checked against what it reads
+    (:func:`~replay.timing.vidur_spec.check_profile`), with the rows Vidur will select for
+    this model, tensor parallelism and block size: a bad file is one error before any
+    training, not a traceback minutes into it."""
+    model = replica_config.model_config
+    tensor_parallel = spec.tensor_parallel
+    check_profile(files.mlp, "mlp", {
+        "n_head": model.num_q_heads, "n_kv_head": model.num_kv_heads,
+        "n_embd": model.embedding_dim, "n_expanded_embd": model.mlp_hidden_dim,
+        "use_gated_mlp": model.use_gated_mlp, "vocab_size": model.vocab_size,
+        "num_tensor_parallel_workers": tensor_parallel})
+    check_profile(files.attention, "attention", {
+        "n_embd": model.embedding_dim, "n_q_head": model.num_q_heads,
+        "n_kv_head": model.num_kv_heads, "block_size": spec.block_size,
+        "num_tensor_parallel_workers": tensor_parallel})
+    if tensor_parallel > 1:
+        check_profile(files.all_reduce, "all_reduce", {
+            "num_workers": tensor_parallel, "devices_per_node": tensor_parallel,
+            "collective": "all_reduce"})
+
+
 def build_predictor(spec: PredictorSpec, files: ProfileFiles,
                     work_dir: Path) -> SklearnExecutionTimePredictor:
-    """Train (or load from Vidur's own cache in ``work_dir``) Vidur's predictor for ``spec``."""
+    """Train (or load from Vidur's own cache in ``work_dir``) Vidur's predictor for ``spec``,
+    after checking the profiles it trains on (:func:`check_profiles`)."""
     limits = spec.limits
     predictor_config = PREDICTOR_CONFIGS[spec.predictor](
         model_profiling_dataset=f"local:{files.mlp}",
@@ -135,6 +159,7 @@ def build_predictor(spec: PredictorSpec, files: ProfileFiles,
                                    num_pipeline_stages=1,
                                    tensor_parallel_size=spec.tensor_parallel, device=spec.device,
                                    network_device=spec.network_device)
+    check_profiles(spec, files, replica_config)
     arguments = {"files": files, "predictor_config": predictor_config,
                  "replica_config": replica_config,
                  "cache_config": CacheConfig(block_size=spec.block_size)}

@@ -101,3 +101,98 @@ class ProfileFiles:
     mlp: Path
     attention: Path
     all_reduce: Path | None
+
+
+#: The median times Vidur 0.0.26 trains its per-token models on (``mlp.csv``); the three
+#: normalisation and residual ones may be missing or empty (Vidur takes 0 then).
+MLP_TIMES = tuple(f"time_stats.{op}.median" for op in (
+    "attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "mlp_act", "attn_rope"))
+MLP_OPTIONAL_TIMES = tuple(f"time_stats.{op}.median" for op in (
+    "input_layernorm", "post_attention_layernorm", "add"))
+DECODE_TIME = "time_stats.attn_decode.median"
+PREFILL_TIME = "time_stats.attn_prefill.median"
+
+
+@dataclass(frozen=True)
+class ProfileSchema:
+    """What Vidur reads of one profile file: ``shape`` columns select the rows of a model and
+    parallelism and are features (numbers >= 0 on every row), ``times`` are the medians it
+    trains on (milliseconds >= 0 on every row, or on the decode rows (``prefill_chunk_size``
+    0) or prefill rows only, as ``rows`` says), ``optional`` times may be missing or empty,
+    ``labels`` are text columns it compares."""
+
+    shape: tuple[str, ...]
+    times: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    rows: dict = field(default_factory=dict)   # time column -> "decode" | "prefill"
+
+
+PROFILE_SCHEMAS = {
+    "mlp": ProfileSchema(shape=("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size",
+                                "num_tensor_parallel_workers", "num_tokens"),
+                         times=MLP_TIMES, optional=MLP_OPTIONAL_TIMES, labels=("use_gated_mlp",)),
+    "attention": ProfileSchema(shape=("n_embd", "n_q_head", "n_kv_head", "block_size",
+                                      "num_tensor_parallel_workers", "batch_size",
+                                      "prefill_chunk_size", "kv_cache_size"),
+                               times=(DECODE_TIME, PREFILL_TIME),
+                               optional=("time_stats.attn_kv_cache_save.median",),
+                               rows={DECODE_TIME: "decode", PREFILL_TIME: "prefill"}),
+    "all_reduce": ProfileSchema(shape=("num_workers", "devices_per_node", "size"),
+                                times=("time_stats.all_reduce.median",), labels=("collective",)),
+}
+
+
+def check_profile(path: Path, kind: str, select: dict | None = None) -> None:
+    """Refuse a profile Vidur could not train on, or would train on nonsense, before it
+    trains: a file that is not CSV text or has a row cut short
+    (:func:`replay.data.read_csv`), a column of :data:`PROFILE_SCHEMAS` missing, a value
+    that is not a finite number >= 0 (its line and column), or no rows for the model and
+    parallelism (``select``: column -> value, the rows Vidur keeps) -- or, for attention, no
+    decode or no prefill rows among them. Raises :class:`~replay.errors.InputError`."""
+    import numpy as np
+    import pandas as pd
+
+    from replay.data import read_csv
+    from replay.errors import InputError
+
+    what = f"Vidur {kind} profile"
+    schema = PROFILE_SCHEMAS[kind]
+    frame = read_csv(path, what, skip_blank_lines=False)
+    needed = [*schema.shape, *schema.times, *schema.labels]
+    missing = [c for c in needed if c not in frame.columns]
+    if missing:
+        raise InputError(f"{what}: {path}: missing column(s) {missing} that Vidur reads (the "
+                         f"file has {len(frame.columns)} columns: {list(frame.columns)[:6]}...)")
+    numbers = {c: pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=float)
+               for c in (*schema.shape, *schema.times, *schema.optional) if c in frame.columns}
+    decode = numbers["prefill_chunk_size"] == 0 if "prefill_chunk_size" in numbers else None
+    for column, values in numbers.items():
+        applies = np.ones(values.size, dtype=bool)
+        if schema.rows.get(column) == "decode":
+            applies = decode
+        elif schema.rows.get(column) == "prefill":
+            applies = ~decode
+        given = ~frame[column].isna().to_numpy() if column in schema.optional else applies
+        bad = given & ~(np.isfinite(values) & (values >= 0))
+        if bad.any():
+            i = int(bad.argmax())
+            raw = frame[column].iloc[i]
+            shown = repr(raw) if isinstance(raw, str) else "empty" if pd.isna(raw) else raw
+            raise InputError(f"{what}: {path} line {i + 2}: field {column!r} = {shown} is not "
+                             f"a finite number >= 0 ({int(bad.sum())} such row(s)); Vidur "
+                             f"would train on it")
+    if select:
+        kept = np.ones(len(frame), dtype=bool)
+        for column, value in select.items():
+            kept &= (frame[column] == value).to_numpy()
+        wanted = ", ".join(f"{c}={v}" for c, v in select.items())
+        if not kept.any():
+            raise InputError(f"{what}: {path} has no rows for {wanted}, the model and "
+                             f"parallelism asked for; Vidur would have nothing to train on")
+        if decode is not None:
+            for name, rows in (("decode rows (prefill_chunk_size 0)", decode),
+                               ("prefill rows (prefill_chunk_size > 0)", ~decode)):
+                if not rows[kept].any():
+                    raise InputError(f"{what}: {path} has no {name} for {wanted}; Vidur trains "
+                                     f"a model on each")

@@ -30,10 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
+from replay.errors import InputError
+
 TOKEN_ROUNDING = 8      # Vidur's _total_num_q_tokens_rounded
 CHUNK_ROUNDING = 32     # Vidur's prefill chunk rounding in _get_attention_prefill_execution_time
 TOKEN_OPS = ("attn_pre_proj", "attn_post_proj", "attn_rope", "input_layernorm",
              "mlp_up_proj", "mlp_down_proj", "mlp_act", "add")
+
+
+#: The cells no lookup reaches (zero tokens, zero decodes, a zero-token chunk): NaN.
+UNREACHABLE = {"token_ms": np.s_[0], "decode_ms": np.s_[0], "prefill_ms": np.s_[:, 0]}
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,9 @@ class VidurTables:
     only multiples of 8 are looked up). ``decode_ms[b, k]``: decode attention for
     ``b`` requests at mean context ``k * kv_granularity``, overhead included.
     ``prefill_ms[k, c]``: prefill attention of one request with ``k * kv_granularity``
-    cached tokens and a ``c * 32``-token chunk. Unreachable cells are NaN.
+    cached tokens and a ``c * 32``-token chunk. Unreachable cells are NaN; every other
+    cell must be a finite time >= 0 (an :class:`~replay.errors.InputError` otherwise: a
+    predictor trained on a bad profile must not price a replay).
     """
 
     token_ms: np.ndarray
@@ -52,6 +60,18 @@ class VidurTables:
     prefill_ms: np.ndarray
     num_layers: int
     kv_granularity: int
+
+    def __post_init__(self) -> None:
+        for name in ("token_ms", "decode_ms", "prefill_ms"):
+            cells = getattr(self, name)
+            bad = ~(np.isfinite(cells) & (cells >= 0))
+            bad[UNREACHABLE[name]] = False
+            if bad.any():
+                where = tuple(int(i) for i in np.unravel_index(int(bad.argmax()), cells.shape))
+                raise InputError(f"Vidur's predictions: {name}{list(where)} is "
+                                 f"{float(cells[where])} ms ({int(bad.sum())} such cells), "
+                                 f"not a finite time >= 0; the profiles it was trained on "
+                                 f"hold bad values")
 
     @property
     def max_tokens(self) -> int:
@@ -77,9 +97,13 @@ class VidurTables:
     @classmethod
     def load(cls, path: Path) -> VidurTables:
         with np.load(path) as data:
-            return cls(token_ms=data["token_ms"], decode_ms=data["decode_ms"],
-                       prefill_ms=data["prefill_ms"], num_layers=int(data["num_layers"]),
-                       kv_granularity=int(data["kv_granularity"]))
+            try:
+                return cls(token_ms=data["token_ms"], decode_ms=data["decode_ms"],
+                           prefill_ms=data["prefill_ms"], num_layers=int(data["num_layers"]),
+                           kv_granularity=int(data["kv_granularity"]))
+            except InputError as exc:
+                raise InputError(f"{exc} (cached in {path}: remove its folder to rebuild "
+                                 f"from good profiles)") from None
 
 
 def export_tables(predictor) -> VidurTables:

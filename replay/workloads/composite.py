@@ -5,11 +5,12 @@ explicit list of request groups for hand-checkable instances.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from replay.engine.requests import RequestError, Requests
+from replay.params import check
 
 
 def concatenate(parts: Mapping[str, Requests], source: str) -> Requests:
@@ -64,10 +65,19 @@ class Mixed:
     """
 
     parts: Mapping[str, object]
-    counts: Mapping[str, int] | None = None
-    ratio: Mapping[str, float] | None = None
-    n: int | None = None
+    counts: Mapping[str, int] | None = field(default=None, metadata=check(ge=0))
+    ratio: Mapping[str, float] | None = field(default=None, metadata=check(ge=0))
+    n: int | None = field(default=None, metadata=check(ge=1))
     name: str = "mixed"
+
+    def expected_requests(self) -> tuple[float, str] | None:
+        """How many requests a sample holds (``run.guard_requests`` bounds it before any
+        part is drawn)."""
+        if self.n is not None:
+            return float(self.n), "workload.n"
+        if self.counts is not None:
+            return float(sum(int(c) for c in self.counts.values())), "workload.counts"
+        return None
 
     def part_counts(self, n: int | None) -> dict[str, int]:
         if (self.counts is None) == (self.ratio is None):
@@ -99,6 +109,16 @@ class Mixed:
 
 
 @dataclass(frozen=True)
+class RequestGroup:
+    """One group of a fixed workload (``workload.groups[i]``): ``count`` requests of the same
+    lengths (the schema of a plain record, not built by Hydra)."""
+
+    count: int = field(metadata=check(ge=1))
+    prompt_len: int = field(metadata=check(ge=1))
+    output_len: int = field(metadata=check(ge=1))
+
+
+@dataclass(frozen=True)
 class FixedGroups:
     """An explicit list of request groups, each ``{count, prompt_len, output_len}``.
 
@@ -106,8 +126,13 @@ class FixedGroups:
     the listed order (which decides ties in FCFS).
     """
 
-    groups: Sequence[dict]
+    groups: Sequence[RequestGroup]
     name: str = "fixed"
+
+    def expected_requests(self) -> tuple[float, str]:
+        """The number of requests listed (``run.guard_requests`` bounds it before they are
+        allocated)."""
+        return float(sum(int(g["count"]) for g in self.groups)), "workload.groups[*].count"
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
         s = np.concatenate([np.full(int(g["count"]), int(g["prompt_len"])) for g in self.groups])

@@ -12,11 +12,21 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from replay.data import file_record, require_file
+from replay.data import file_record, read_csv, require_file
 from replay.engine.requests import RequestError, Requests
+from replay.errors import InputError
 from replay.params import check
 
-_CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
+WHAT = "workload trace"
+
+
+def _read(path, **options) -> pd.DataFrame:
+    """:func:`replay.data.read_csv` of a trace; a refusal is a :class:`RequestError`, as a
+    bad row's is."""
+    try:
+        return read_csv(path, WHAT, **options)
+    except InputError as exc:
+        raise RequestError(str(exc)) from None
 
 
 #: Lengths above this are refused as input errors (and can never overflow int64).
@@ -25,7 +35,7 @@ MAX_LENGTH = 1 << 40
 
 def _locate_bad_value(p, columns: dict[str, str]) -> RequestError:
     """The error for the first malformed value, found by re-reading ``p`` as text (slow path)."""
-    raw = pd.read_csv(p, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    raw = _read(p, dtype=str, keep_default_na=False, skip_blank_lines=False)
     for field_name, column in columns.items():
         text = raw[column].fillna("")
         values = pd.to_numeric(text.str.strip(), errors="coerce").to_numpy(dtype=float)
@@ -48,16 +58,16 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
     Line numbers in errors are 1-based file lines (the header is line 1; blank
     lines count, and are malformed rows). The file is parsed numerically in one
     pass; only when that finds a bad value is it re-read as text to name the line.
+    A file ``traces.fetch`` knows must have its recorded SHA-256
+    (:func:`replay.data.require_file`), and one that is not CSV text, not UTF-8, cut short
+    or damaged is refused by :func:`replay.data.read_csv`.
     """
-    p = require_file(path, "workload trace")
-    try:
-        header = pd.read_csv(p, nrows=0, dtype=str).columns
-        # The raw header (pandas would rename a repeated column), read by pandas too so that
-        # a compressed trace (.csv.gz, .zip, ...) is decompressed the same way.
-        first = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
-        names = first.iloc[0].tolist() if len(first) else []
-    except (*_CSV_ERRORS, OSError) as exc:
-        raise RequestError(f"{p}: not a readable CSV ({exc})") from exc
+    p = require_file(path, WHAT)
+    header = _read(p, nrows=0, dtype=str).columns
+    # The raw header (pandas would rename a repeated column), read by pandas too so that
+    # a compressed trace (.csv.gz, .zip, ...) is decompressed the same way.
+    first = _read(p, header=None, nrows=1, dtype=str, keep_default_na=False)
+    names = first.iloc[0].tolist() if len(first) else []
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise RequestError(f"{p} line 1: column(s) {repeated} appear more than once; "
@@ -68,11 +78,11 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
                            f"Set the workload's *_column options to the right names.")
     try:
         # All columns are read (not usecols) so that a row with extra fields is an error.
-        numeric = pd.read_csv(p, skip_blank_lines=False,
-                              dtype=dict.fromkeys(columns.values(), "float64"))
-    except ValueError as exc:  # a non-numeric field (ParserError is a ValueError too)
-        if isinstance(exc, pd.errors.ParserError):
-            raise RequestError(f"{p}: malformed CSV ({exc})") from exc
+        numeric = _read(p, skip_blank_lines=False,
+                        dtype=dict.fromkeys(columns.values(), "float64"))
+    except RequestError:
+        raise
+    except ValueError as exc:  # a non-numeric field
         raise _locate_bad_value(p, columns) from exc
     frame = pd.DataFrame(index=numeric.index)
     for field_name, column in columns.items():
