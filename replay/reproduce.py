@@ -101,8 +101,8 @@ def time_breakdown(runs_dir: Path, runs_s: float, figures_s: float) -> dict[str,
 
 def with_settings(target: Target, settings: tuple[str, ...]) -> Target:
     """``target`` with ``--set`` overrides after its own (so that they win), e.g.
-    ``engine.compiled=false`` to time the reference loop: they are part of its config, so
-    its manifest, stale check and results stamps name them."""
+    ``timing.beyond_profile=flat``: they are part of its config, so its manifest, stale
+    check and results stamps name them."""
     if not settings:
         return target
     return dataclasses.replace(target, overrides=(*target.overrides, *settings))
@@ -283,22 +283,13 @@ def results_folder(args: argparse.Namespace) -> Path | None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Options that would be ignored are refused before anything runs: the report's
-    folders without ``report``, and a ``--reference`` that is not a folder or that no
-    results page would read."""
+    folders without ``report``."""
     if "report" not in args.targets:
-        given = [f"--{name}" for name in ("report", "results", "reference")
+        given = [f"--{name}" for name in ("report", "results")
                  if getattr(args, name) is not None]
         if given:
             raise ConfigError(f"{', '.join(given)}: only used by the target `report`, which "
                               f"is not asked for")
-    if args.reference is None:
-        return
-    if not args.reference.is_dir():
-        raise ConfigError(f"--reference {args.reference}: no such folder (an --outputs folder "
-                          f"of targets run with --set engine.compiled=false)")
-    if results_folder(args) is None:
-        raise ConfigError("--reference is shown on the results pages, which are not written "
-                          "with --quick; give --results DIR to write them")
 
 
 #: What Ctrl-C leaves of a reproduction (each run folder is finished or empty).
@@ -319,12 +310,8 @@ def main() -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="a config override for every target's runs, after the target's "
-                             "own (repeatable), e.g. --set engine.compiled=false to time the "
-                             "reference loop; use another --outputs for such runs")
-    parser.add_argument("--reference", type=Path, default=None,
-                        help="with report: an outputs folder of targets run with --set "
-                             "engine.compiled=false, timed beside these on the results page "
-                             "on time")
+                             "own (repeatable), e.g. --set timing.beyond_profile=flat; use "
+                             "another --outputs for such runs")
     parser.add_argument("--results", type=Path, default=None,
                         help="folder of the Markdown results pages of the docs site (default: "
                              "docs/results/ of the checkout, and none with --quick: quick "
@@ -373,7 +360,7 @@ def main() -> None:
         if results_dir is not None:
             run_or_exit(ensure_writable_dir, results_dir)
             for page in run_or_exit(write_results_pages, TARGETS, outputs_root, results_dir,
-                                    args.quick, args.reference and args.reference.resolve()):
+                                    args.quick):
                 print(f"wrote {page}")
     if failed:
         fail(f"{len(failed)} of {len(names)} targets failed: {', '.join(failed)}")

@@ -91,7 +91,7 @@ def test_killed_study_resumes_to_the_same_trials(reference, tmp_path, kill):
 
 
 @pytest.mark.parametrize("args", [["workload.n=200000", "arrivals.rate=50",
-                                   "engine.compiled=false"], SWEEP])
+                                   "engine.fast_forward=false"], SWEEP])
 def test_ctrl_c_is_one_line_and_an_interrupted_exit(tmp_path, args):
     """Issue 45 item 9: Ctrl-C printed Python's traceback (30-40 lines)."""
     where = (f"hydra.sweep.dir={tmp_path / 'sweep'}" if "-m" in args

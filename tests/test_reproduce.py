@@ -375,23 +375,23 @@ def test_time_breakdown_sums_the_replays_and_keeps_the_phases(tmp_path):
 
 def test_set_overrides_reach_every_run_and_the_manifest(tiny):
     root, png, _ = tiny
-    settings = ("engine.compiled=false",)
+    settings = ("engine.fast_forward=false",)
     # The manifest was written without them: with them, the target is out of date.
     assert stale_reason("tiny", root / "tiny", quick=False, settings=settings) == \
         "its configs or overrides changed"
     # In a folder of its own (in the same one, a run's own resume check would reuse the
-    # compiled runs: both loops give the same results, so the run config is the same).
+    # first runs: fast-forward changes nothing, so the run config is the same).
     reference = root.parent / "reference"
     run_target("tiny", outputs_root=reference, settings=settings)
     manifest = json.loads((reference / "tiny" / MANIFEST).read_text())
-    assert manifest["config"]["overrides"][-1] == "engine.compiled=false"
+    assert manifest["config"]["overrides"][-1] == "engine.fast_forward=false"
     summary = json.loads(next((reference / "tiny" / "runs").rglob("summary.json")).read_text())
-    assert summary["engine_path"]["path"] == "python"
+    assert summary["config"]["engine"]["fast_forward"] is False
     assert stale_reason("tiny", reference / "tiny", quick=False, settings=settings) is None
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("engine.compiled=nope", "engine.compiled='nope' is not allowed"),
+    ("engine.fast_forward=nope", "engine.fast_forward='nope' is not allowed"),
     ("engine.no_such_key=1", "engine.no_such_key: no such config key"),
     ("compiled", "--set 'compiled': expected KEY=VALUE")])
 def test_a_bad_set_override_is_one_error_line(tmp_path, setting, message):

@@ -99,7 +99,7 @@ def exits(capsys, main, *argv: str, monkeypatch) -> tuple[int, str]:
     (["--policies", "nosuch"], "error: policy=nosuch: no such option in config group 'policy'; "
                                "choose one of: a_min, clearing, fcfs, "),
     (["--timing", "nosuch"], "error: timing=nosuch: no such option in config group 'timing'; "
-                             "choose one of: linear, unit, vidur"),
+                             "choose one of: aiconfigurator, layer_profile, linear, unit, vidur"),
     (["--workload", "nosuch"], "error: workload=nosuch: no such option in config group "
                                "'workload'; choose one of: arxiv, csv, fixed, "),
     (["--scenarios", "nosuch"], "error: argument --scenarios: no scenario 'nosuch'; choose from "
@@ -117,7 +117,7 @@ def test_bench_names_a_wrong_choice_in_one_line(capsys, monkeypatch, args, messa
 def damaged_runs(tmp_path) -> dict[str, Path]:
     """A finished run and copies of it damaged in each way ``replay.plots kv`` meets."""
     cfg = compose_config(["workload=synthetic", "workload.n=6", "arrivals=all_at_once",
-                          "timing=unit", "kv.tokens=200", "engine.compiled=false"])
+                          "timing=unit", "kv.tokens=200", "engine.fast_forward=false"])
     good = tmp_path / "good"
     run(cfg, good)
     runs = {"good": good, "missing": tmp_path / "missing"}
@@ -168,16 +168,8 @@ def test_plots_kv_on_a_damaged_folder_is_one_line(tmp_path, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["report", "--reference", "/nonexistent"], "--reference /nonexistent: no such folder (an "
-                                               "--outputs folder of targets run with --set "
-                                               "engine.compiled=false)"),
-    (["c3", "--reference", "."], "--reference: only used by the target `report`, which is not "
-                                 "asked for"),
     (["c3", "--results", ".", "--report", "."], "--report, --results: only used by the target "
                                                 "`report`, which is not asked for"),
-    (["report", "--quick", "--reference", "."], "--reference is shown on the results pages, "
-                                                "which are not written with --quick; give "
-                                                "--results DIR to write them"),
 ])
 def test_reproduce_refuses_options_it_would_ignore(capsys, monkeypatch, argv, message):
     code, err = exits(capsys, reproduce.main, *argv, monkeypatch=monkeypatch)

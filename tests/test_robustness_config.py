@@ -172,8 +172,7 @@ def test_a_list_value_of_a_key_and_a_sweep_of_options_are_not_refused():
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["policy=nope"], "policy=nope: no such option in config group 'policy'; choose one of: "
-                      "a_min, clearing, fcfs, lp_swap, mcsf, nested_wait, paper_fcfs, "
-                      "protection, sarathi, sorted_f, sorted_lp, vllm, wait"),
+                      + ", ".join(POLICIES)),
     (["timing.nosuch=1"], "timing.nosuch: no such config key; the keys there are: _target_, "
                           "attention, beyond_profile, cache_dir, device, "),
     (["policy=[fcfs,mcsf]"], "policy=[fcfs,mcsf]: a list of policy options merges them"),

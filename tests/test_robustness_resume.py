@@ -16,7 +16,7 @@ from replay.reproduce import stale_reason as target_stale_reason
 from replay.run import TABLES, run
 
 SMALL = ["workload=synthetic", "workload.n=6", "arrivals=all_at_once", "timing=unit",
-         "kv.tokens=200", "engine.compiled=false"]
+         "kv.tokens=200", "engine.fast_forward=false"]
 
 
 @pytest.fixture

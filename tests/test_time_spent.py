@@ -1,5 +1,5 @@
 """The results page on time: per target, per series and over the whole, from manifests
-and run summaries, and the compiled loop beside the reference loop."""
+and run summaries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from replay.experiments.report import write_time_page
 from replay.experiments.targets import MANIFEST, Target
-from replay.experiments.time_spent import compare, target_times
+from replay.experiments.time_spent import target_times
 
 TARGETS = {"a1": Target("a study", ("experiment=x",), multirun=False),
            "b1": Target("a sweep", ("experiment=y",)),
@@ -46,28 +46,14 @@ def test_each_target_row_sums_its_runs_and_keeps_its_phases(tmp_path):
     assert b1["outside_core_s"] == 2 * 48.0 - 40.0  # two jobs at a time
 
 
-def test_the_page_totals_the_series_and_compares_the_two_loops(tmp_path):
+def test_the_page_totals_the_series(tmp_path):
     after = outputs(tmp_path / "after")
-    before = outputs(tmp_path / "before", loop_scale=3.0, overrides=("engine.compiled=false",))
     results = tmp_path / "results"
     results.mkdir()
-    page = write_time_page(TARGETS, after, results, quick=False, version="test",
-                           reference_root=before).read_text()
+    page = write_time_page(TARGETS, after, results, quick=False, version="test").read_text()
     assert "| **all** | 2 | 5 | **150** (2 min) |" in page
     assert "Not timed here (never run at full size, or failed): c9." in page
-    assert "| b1 | 50 | 150 | 3.0 | 16.0 | 48.0 | 3.0 |" in page
-    assert "| a1 | 100 | 100 | 1.0 |" in page
     assert "call a solver (a1) take\n100 s, 67 % of the total" in page
     assert "4 runs spent 56 core-seconds outside any run\n(14.00 s per run)" in page
 
 
-def test_reference_runs_without_the_reference_loop_are_not_compared(tmp_path):
-    after = outputs(tmp_path / "after")
-    other = outputs(tmp_path / "other", loop_scale=3.0)  # compiled too: not a reference
-    results = tmp_path / "results"
-    results.mkdir()
-    page = write_time_page(TARGETS, after, results, quick=False, version="test",
-                           reference_root=other).read_text()
-    assert "The reference outputs hold no target that also ran here." in page
-    both = compare(target_times(TARGETS, after), target_times(TARGETS, other))
-    assert list(both["speedup"]) == [1.0, 3.0]

@@ -369,37 +369,27 @@ def build_report(targets: dict, outputs_root: Path, report_dir: Path, quick: boo
 
 
 def write_time_page(targets: dict, outputs_root: Path, results_dir: Path, quick: bool,
-                    version: str, reference_root: Path | None = None) -> Path:
+                    version: str) -> Path:
     """``results_dir/time.md``: where the targets' time went, per target, per series and
-    over the whole (:mod:`replay.experiments.time_spent`); with ``reference_root`` (targets
-    run with ``--set engine.compiled=false``), each target's time on both loops."""
+    over the whole (:mod:`replay.experiments.time_spent`)."""
     names = {(f"{n}-quick" if quick else n): n for n in targets}
     rows = time_spent.target_times(names, outputs_root)
     if not rows.empty:
         rows["target"] = rows["target"].map(names)
     timed = set(rows["target"]) if not rows.empty else set()
     totals = time_spent.totals(rows)
-    comparison = None
-    if reference_root is not None:
-        reference = time_spent.target_times(names, reference_root)
-        if not reference.empty:
-            reference["target"] = reference["target"].map(names)
-            reference = reference[reference["config"].str.contains("engine.compiled=false",
-                                                                    regex=False)]
-        comparison = (time_spent.compare(rows, reference) if not rows.empty
-                      and not reference.empty else pd.DataFrame())
     text = _TEMPLATES.get_template("time.md.j2").render(
         built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version, quick=quick,
         parallel=time_spent.PARALLEL, **totals,
         targets=rows.to_dict("records") if not rows.empty else [],
-        never_run=[n for n in targets if n not in timed], comparison=comparison)
+        never_run=[n for n in targets if n not in timed])
     out = results_dir / "time.md"
     out.write_text(text)
     return out
 
 
 def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
-                        quick: bool, reference_root: Path | None = None) -> list[Path]:
+                        quick: bool) -> list[Path]:
     """Write one Markdown page per paper series into ``results_dir`` (the documentation
     site's ``docs/results/``), with every figure and its CSV copied into
     ``results_dir/figures/<target>/``, and the page on time (:func:`write_time_page`). The
@@ -451,8 +441,7 @@ def write_results_pages(targets: dict, outputs_root: Path, results_dir: Path,
         out = results_dir / f"{page}.md"
         out.write_text(text)
         written.append(out)
-    written.append(write_time_page(targets, outputs_root, results_dir, quick, version,
-                                   reference_root))
+    written.append(write_time_page(targets, outputs_root, results_dir, quick, version))
     index = results_dir / "index.md"
     index.write_text(_TEMPLATES.get_template("index.md.j2").render(
         built=time.strftime("%Y-%m-%d %H:%M %Z"), code_version=version, quick=quick,

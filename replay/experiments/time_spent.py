@@ -74,17 +74,6 @@ def target_times(targets: dict, outputs_root: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compare(after: pd.DataFrame, before: pd.DataFrame) -> pd.DataFrame:
-    """The targets timed in both: total seconds on each and how many times faster."""
-    both = after[["target", "total_s", "loops_s"]].merge(
-        before[["target", "total_s", "loops_s", "config"]], on="target",
-        suffixes=("", "_reference"))
-    both["speedup"] = both["total_s_reference"] / both["total_s"]
-    both["loop_speedup"] = both["loops_s_reference"] / both["loops_s"].where(
-        both["loops_s"] > 0)
-    return both
-
-
 def totals(rows: pd.DataFrame) -> dict:
     """What the page says of :func:`target_times`'s rows as a whole: sums per series and
     over all targets, the longest targets and their share, and the solver-bound studies'
