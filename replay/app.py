@@ -32,7 +32,8 @@ from omegaconf import DictConfig
 
 from hydra_plugins.kvsched_sweeper.sweeper import KvschedSweeper
 from policies.labels import policy_label
-from replay.cli import (
+from replay.config import CONFIG_DIR, register_resolvers
+from replay.config.cli import (
     CONFIG_ERRORS,
     check_overrides,
     config_error_line,
@@ -43,11 +44,10 @@ from replay.cli import (
     is_input_error,
     refused_write,
 )
-from replay.config import CONFIG_DIR, register_resolvers
+from replay.config.validate import validate_config
 from replay.errors import InputError
-from replay.outputs import atomic_write_text, read_summary, summary_json
 from replay.run import run
-from replay.validate import validate_config
+from replay.storage.outputs import atomic_write_text, read_summary, summary_json
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 # Hydra finds plugins by scanning the hydra_plugins folders on sys.path, which misses an

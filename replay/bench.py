@@ -29,8 +29,8 @@ from hydra.utils import instantiate
 
 from replay.bounds.instance import Instance
 from replay.bounds.lp import area_rounds, auto_grid, bucketed, latest_starts, lp_bound, time_indexed
-from replay.cli import compose_or_exit, run_or_exit
 from replay.config import compose_config
+from replay.config.cli import compose_or_exit, run_or_exit
 from replay.run import build_and_run
 from replay.workloads.synthetic import Synthetic
 

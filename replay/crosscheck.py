@@ -63,14 +63,14 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 
-from replay.cli import run_or_exit
 from replay.config import compose_config
+from replay.config.cli import run_or_exit
 from replay.errors import InputError
 from replay.experiments.plots.common import plt, save_figure
 from replay.experiments.report import CROSSCHECK_PROVENANCE as PROVENANCE
 from replay.experiments.report import git_describe
-from replay.outputs import atomic_write, atomic_write_text, ensure_writable_dir
 from replay.run import package_versions, run
+from replay.storage.outputs import atomic_write, atomic_write_text, ensure_writable_dir
 
 #: Cases: workload -> (low rate, high rate) in requests/s, around the capacity of
 #: Llama-2-70B TP2 with 1,030 blocks of 16 tokens (D1's trial runs).

@@ -9,7 +9,7 @@ of whole numbers, ``X | None`` allows ``null``), and a field's metadata may add 
     n: Sequence[int] | None = field(default=None, metadata=check(ge=1))  # each element
 
 :func:`check_params` checks a config node against that declaration before the component
-is built (``replay.validate.validate_config`` walks every node with a ``_target_``), so
+is built (``replay.config.validate.validate_config`` walks every node with a ``_target_``), so
 a new component gets the checks by declaring them: unknown keys, wrong types, NaN or
 infinity, and out-of-range values are a :class:`~replay.errors.ConfigError` naming the
 key, the value and what is allowed. Cross-field rules stay in the component.
@@ -250,7 +250,7 @@ def check_params(target, node: dict, key: str) -> None:
     Raises :class:`~replay.errors.ConfigError` for an unknown key, a missing required one,
     a value of the wrong type (NaN and infinity are not finite numbers), or one outside
     the field's declared range. Nested components (values with ``_target_``) are not
-    checked here: :func:`replay.validate.check_components` visits them too.
+    checked here: :func:`replay.config.validate.check_components` visits them too.
     """
     params, variadic = parameters(target)
     name = getattr(target, "__qualname__", str(target))

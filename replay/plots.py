@@ -3,7 +3,7 @@ of finished runs with the capacity ``M`` marked (the figures themselves live in
 :mod:`replay.experiments.plots`).
 
 Each folder must hold a finished run whose iteration table is the one the run wrote
-(:func:`replay.outputs.table_problem`); a missing, unfinished, failed or damaged run is
+(:func:`replay.storage.outputs.table_problem`); a missing, unfinished, failed or damaged run is
 one ``error:`` line naming the folder and what is wrong.
 """
 
@@ -16,7 +16,7 @@ import pandas as pd
 
 from replay.errors import InputError
 from replay.experiments.plots.common import plot_kv_timelines
-from replay.outputs import ensure_writable_dir, read_summary, table_problem
+from replay.storage.outputs import ensure_writable_dir, read_summary, table_problem
 
 TABLE = "iterations.parquet"
 
@@ -64,6 +64,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from replay.cli import run_or_exit
+    from replay.config.cli import run_or_exit
 
     run_or_exit(main)

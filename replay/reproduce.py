@@ -41,21 +41,21 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from replay.cli import fail, interrupted, run_or_exit
 from replay.config import CONFIG_DIR
-from replay.data import sha256_of
+from replay.config.cli import fail, interrupted, run_or_exit
 from replay.errors import ConfigError
 from replay.experiments.report import build_report, git_describe, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
 from replay.experiments.time_spent import run_sums
-from replay.outputs import (
+from replay.results import TABLE_NAME, collect
+from replay.storage.data import sha256_of
+from replay.storage.outputs import (
     atomic_write_text,
     changed_inputs,
     ensure_writable_dir,
     read_summary,
     run_problem,
 )
-from replay.results import TABLE_NAME, collect
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,7 +114,7 @@ def stale_reason(name: str, out_dir: Path, quick: bool,
 
     Up to date means: its manifest (``outputs.json``) exists and was written for the same
     config files and overrides; every run it was drawn from is still there, unchanged,
-    and still what its summary records (:func:`replay.outputs.run_problem`, as a run's own
+    and still what its summary records (:func:`replay.storage.outputs.run_problem`, as a run's own
     resume check requires: the same kvsched version, input files of the same SHA-256, every
     table of the recorded size and SHA-256; a study's summary records its input files
     only); and every output it lists has the size and SHA-256 it was written with.
@@ -263,7 +263,7 @@ def run_target(name: str, quick: bool = False, force: bool = False,
 def check_settings(settings: tuple[str, ...]) -> None:
     """``--set`` overrides must be ``KEY=VALUE`` and compose with the base config."""
     from replay.config import compose_config
-    from replay.validate import validate_config
+    from replay.config.validate import validate_config
 
     for setting in settings:
         if "=" not in setting or setting.startswith("="):

@@ -31,9 +31,9 @@ from pathlib import Path
 import pandas as pd
 
 from policies.labels import policy_label
-from replay.cli import fail, run_or_exit
+from replay.config.cli import fail, run_or_exit
 from replay.errors import InputError
-from replay.outputs import atomic_write
+from replay.storage.outputs import atomic_write
 
 DEFAULT_TABLE = Path("outputs/results.parquet")
 #: Nested summary records flattened into columns (the rest stay out of the table).

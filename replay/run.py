@@ -26,7 +26,7 @@ from replay.engine.metrics import summarize
 from replay.engine.requests import RequestError, Requests
 from replay.errors import ConfigError, LimitError
 from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stability_boundary
-from replay.outputs import (
+from replay.storage.outputs import (
     TABLES,
     atomic_write,
     read_summary,
@@ -184,7 +184,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
     With ``output.skip_existing`` a finished run of the same resolved config is
     reused, unless an input file changed since or a table is missing
-    (:func:`replay.outputs.stale_reason`); then it is recomputed and the log
+    (:func:`replay.storage.outputs.stale_reason`); then it is recomputed and the log
     says why. A folder holding another config's run is refused unless
     ``output.overwrite``. Files are written atomically, the summary last; tables
     this run does not write are removed, so none is left from an older run.
@@ -236,7 +236,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         else:
             (out_dir / name).unlink(missing_ok=True)
     # The summary, written last, is the manifest: a resume reuses this run only while every
-    # table still has the size and SHA-256 recorded here (replay.outputs.stale_reason).
+    # table still has the size and SHA-256 recorded here (replay.storage.outputs.stale_reason).
     summary["output_files"] = written
     write_summary(out_dir / "summary.json", summary)
     if result.status != "completed":

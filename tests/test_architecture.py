@@ -9,6 +9,7 @@ rules are known to bite.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -35,10 +36,10 @@ def test_the_import_contracts_hold():
 
 
 @pytest.mark.parametrize(("module", "planted", "broken"), [
-    ("replay/engine/kv.py", "import replay.cli", "never import the command line"),
+    ("replay/engine/kv.py", "import replay.config.cli", "never import the command line"),
     ("replay/engine/kv.py", "import replay.experiments.report", "Layers"),
-    ("replay/errors.py", "import replay.data", "No import circles"),
-    ("replay/engine/phases.py", "import replay.data", "reads no config"),
+    ("replay/errors.py", "import replay.storage.data", "No import circles"),
+    ("replay/engine/phases.py", "import replay.storage.data", "reads no config"),
     ("replay/engine/loop.py", "import policies.vllm", "Layers"),
 ])
 def test_a_planted_violation_breaks_its_contract(tmp_path, module, planted, broken):
@@ -77,3 +78,27 @@ def test_every_module_with_compiled_functions_keys_the_compile_cache():
                 for path in (REPO / root).rglob("*.py")
                 if "@jit" in path.read_text() or " = jit(" in path.read_text()}
     assert compiled | {"replay/engine/jit.py"} == set(JIT_SOURCES)
+
+
+@pytest.mark.slow
+def test_a_policys_rule_changed_in_its_module_changes_a_default_run(tmp_path):
+    """One source per rule: a copy of the tree whose FCFS decision (policies/fcfs.py, the
+    default policy) starts at most one request per step gives another default run, without
+    any other file touched."""
+    for package in ("replay", "policies", "traces", "configs", "hydra_plugins"):
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    fcfs = tmp_path / "policies" / "fcfs.py"
+    text = fcfs.read_text()
+    edited = text.replace("s.qtail - s.qhead)", "min(1, s.qtail - s.qhead))")
+    assert edited != text
+    fcfs.write_text(edited)
+
+    def tel(root: Path, cache: Path) -> float:
+        env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(cache)}
+        done = subprocess.run([sys.executable, "-m", "replay", "workload.n=200",
+                               f"hydra.run.dir={cache / 'run'}"], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=900, check=True)
+        return json.loads(done.stdout.splitlines()[-1])["tel"]
+
+    assert tel(tmp_path, tmp_path / "edited") != tel(REPO, tmp_path / "original")

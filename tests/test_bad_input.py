@@ -1,5 +1,5 @@
 """Bad config values are one `error:` line naming the key, the value and what is allowed,
-with exit status 2, before anything runs (replay.validate)."""
+with exit status 2, before anything runs (replay.config.validate)."""
 
 from __future__ import annotations
 

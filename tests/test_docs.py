@@ -48,11 +48,46 @@ def test_no_page_points_outside_the_repository(page):
         assert outside not in text, f"{page.name} mentions {outside}"
 
 
-def test_the_example_policy_passes_ruff():
+COMPILED = REPO / "docs" / "examples" / "longest_prompt_first_compiled.py"
+
+
+def test_the_example_policies_pass_ruff():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     proc = subprocess.run([ruff, "check", "--config", str(REPO / "pyproject.toml"),
-                           str(EXAMPLE)], capture_output=True, text=True)
+                           str(EXAMPLE), str(COMPILED)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _example(path: Path, name: str, monkeypatch):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_compiled_example_decides_as_the_python_one(monkeypatch):
+    """The page's two versions of longest prompt first give the same run, one deciding in
+    Python through the engine's bridge, the other compiled."""
+    import numpy as np
+
+    from replay.engine.kv import explicit
+    from replay.engine.loop import Engine
+    from replay.engine.overflow import EvictLIFO
+    from replay.engine.requests import Requests
+    from replay.timing import LinearTiming
+
+    plain = _example(EXAMPLE, "policies.longest_prompt_first", monkeypatch)
+    compiled = _example(COMPILED, "policies.longest_prompt_first_compiled", monkeypatch)
+    rng = np.random.default_rng(4)
+    requests = Requests(rng.integers(1, 200, 300), rng.integers(1, 200, 300),
+                        arrival=np.sort(rng.uniform(0, 10, 300)))
+    runs = [Engine(requests, policy(EvictLIFO()), LinearTiming(0.01, 1e-5, 1e-4),
+                   explicit(3000)).run()
+            for policy in (plain.LongestPromptFirst, compiled.LongestPromptFirstCompiled)]
+    assert [run.engine_path["policy"] for run in runs] == ["python", "compiled"]
+    assert runs[0].requests.equals(runs[1].requests)
+    assert runs[0].iterations.equals(runs[1].iterations)
 
 
 def test_the_example_policy_replays_with_its_config(monkeypatch):

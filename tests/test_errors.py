@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from policies.fcfs import FCFSLookahead
-from replay.data import MissingDataError
 from replay.engine.overflow import EvictLIFO
 from replay.engine.requests import RequestError, Requests
+from replay.storage.data import MissingDataError
 from replay.workloads.files import CsvTrace
 from tests.conftest import replay
 

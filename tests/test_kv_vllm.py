@@ -88,7 +88,7 @@ def test_llama_3_1_8b_on_the_rtx_4090_run():
     utilization 0.9, block 16) and the GPU's total memory as torch reported it. The weights
     are the model's 8,030,261,248 parameters in bfloat16 plus the 131,072 x 128 rotary
     table; the estimate's difference from the run's 2,588 blocks is reported by
-    ``python -m replay.timing.sources``, not asserted here."""
+    ``python -m replay.tools.timing_sources``, not asserted here."""
     cfg = compose_config(["model=llama3_1_8b", "hardware=rtx4090x1", "kv=vllm_profile",
                           "kv.max_num_batched_tokens=2048", "kv.max_num_seqs=256"])
     kv = instantiate(cfg.kv)

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from replay.data import sha256_of
 from replay.engine.requests import RequestError
 from replay.run import make_requests
+from replay.storage.data import sha256_of
 from replay.workloads.arrivals import TraceTimestamps
 from replay.workloads.mooncake import MooncakeTrace, read_mooncake
 from traces import stats

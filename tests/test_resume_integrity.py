@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from replay.outputs import append_row, drop_partial_last_row
+from replay.storage.outputs import append_row, drop_partial_last_row
 from tests.test_cli import last_json, run_cli
 
 #: Slow (subprocess runs per resume case):
@@ -174,7 +174,7 @@ def test_a_path_valued_sweep_override_cannot_leave_the_sweep_folder(tmp_path):
 
 
 COMMANDS = ["replay", "replay.reproduce", "replay.plots", "replay.bench", "replay.fluid",
-            "replay.timing.shapes", "replay.timing.fit_linear", "replay.timing.attention_sources",
+            "replay.tools.shapes", "replay.tools.fit_linear", "replay.tools.attention_sources",
             "traces.stats", "traces.fetch", "traces.build"]
 
 
@@ -197,9 +197,9 @@ def test_every_command_has_help(name):
 
 @pytest.mark.parametrize(("name", "args", "fragment"), [
     ("replay.plots", ["kv", "/nonexistent"], "/nonexistent: no such run folder"),
-    ("replay.timing.shapes", ["policy=nope"], "policy=nope: no such option"),
-    ("replay.timing.shapes", ["data_dir=/nonexistent"], "not found"),
-    ("replay.timing.attention_sources", ["data_dir=/nonexistent"], "not found"),
+    ("replay.tools.shapes", ["policy=nope"], "policy=nope: no such option"),
+    ("replay.tools.shapes", ["data_dir=/nonexistent"], "not found"),
+    ("replay.tools.attention_sources", ["data_dir=/nonexistent"], "not found"),
     ("replay.fluid", ["workload=lmsys_synthetic"], "typed workload"),
     ("traces.stats", ["workload=csv", "workload.path=/nonexistent.csv"], "not found"),
     ("replay.reproduce", ["nope"], "invalid choice"),

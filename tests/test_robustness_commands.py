@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from replay import plots, reproduce
-from replay.cli import run_or_exit
 from replay.config import compose_config
+from replay.config.cli import run_or_exit
 from replay.crosscheck import parse_arguments
 from replay.errors import InputError, OutputError
 from replay.plots import finished_run
@@ -66,7 +66,7 @@ def test_a_non_numeric_metric_refuses_its_run_not_the_column(tmp_path, capsys):
     ("replay.bench", ["--rates", "5,-1"], "--rates"),
     ("traces.stats", ["workload.n=abc"], "workload.n='abc' is not allowed"),
     ("replay.crosscheck", ["--n", "0"], "at least 1"),
-    ("replay.timing.fit_linear", ["--batches", "0"], "must be 1..1,000,000"),
+    ("replay.tools.fit_linear", ["--batches", "0"], "must be 1..1,000,000"),
 ])
 def test_bad_arguments_are_one_line(name, args, fragment):
     done = module(name, *args)
@@ -211,7 +211,7 @@ def test_an_output_error_crosses_a_process_boundary_whole():
 
 
 INTERRUPTED = """
-from replay.cli import run_or_exit
+from replay.config.cli import run_or_exit
 
 def work():
     raise KeyboardInterrupt

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from replay.cli import check_overrides, input_error_message, is_input_error
 from replay.config import compose_config
+from replay.config.cli import check_overrides, input_error_message, is_input_error
+from replay.config.validate import validate_config
 from replay.errors import ConfigError
 from replay.run import build_and_run
-from replay.validate import validate_config
 from tests.conftest import REPO
 
 TYPED = ["workload=typed", "arrivals=trace", "timing=unit", "workload.time_unit=rounds",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from replay.errors import InputError, OutputError
-from replay.outputs import (
+from replay.storage.outputs import (
     atomic_write,
     atomic_write_text,
     ensure_writable_dir,

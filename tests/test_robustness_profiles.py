@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.data import require_file
 from replay.errors import InputError
+from replay.storage.data import require_file
 from replay.timing import profiles_fetch
 from replay.timing.vidur_spec import DECODE_TIME, MLP_TIMES, PREFILL_TIME, check_profile
 from replay.timing.vidur_tables import VidurTables

@@ -10,10 +10,16 @@ import pytest
 
 from replay.config import compose_config
 from replay.experiments.targets import MANIFEST, TARGETS
-from replay.outputs import DIGEST_KEY, code_version, stale_reason, summary_digest, write_summary
 from replay.reproduce import Tally, config_sha256, run_summaries, run_target
 from replay.reproduce import stale_reason as target_stale_reason
 from replay.run import TABLES, run
+from replay.storage.outputs import (
+    DIGEST_KEY,
+    code_version,
+    stale_reason,
+    summary_digest,
+    write_summary,
+)
 
 SMALL = ["workload=synthetic", "workload.n=6", "arrivals=all_at_once", "timing=unit",
          "kv.tokens=200", "engine.fast_forward=false"]

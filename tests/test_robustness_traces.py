@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from replay.config import compose_config
-from replay.data import TRACE_FILES, known_file, require_file
+from replay.config.validate import validate_config
 from replay.engine.requests import RequestError
 from replay.errors import ConfigError, InputError, LimitError
 from replay.run import guard_requests
-from replay.validate import validate_config
+from replay.storage.data import TRACE_FILES, known_file, require_file
 from replay.workloads.arrivals import AllAtOnce
 from replay.workloads.composite import Mixed
 from replay.workloads.files import _read_length_columns

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.data import MissingDataError
 from replay.engine.timing import BatchShape, TimingBackend
 from replay.errors import ConfigError
+from replay.storage.data import MissingDataError
 from replay.timing import LinearTiming, aiconfigurator, attention_7b, profiles_fetch
 from replay.timing.fit_linear import batch_mix, fit, grid_errors, region_table
 from replay.timing.shapes import compose_timing, shape_table, standard_shapes
@@ -409,7 +409,7 @@ def test_beyond_profile_is_checked(tmp_path):
 
 @needs_profiles
 def test_attention_sources_compares_shared_shapes(tmp_path, capsys):
-    from replay.timing import attention_sources
+    from replay.tools import attention_sources
 
     assert attention_sources.main(["--out", str(tmp_path), f"data_dir={DATA_DIR}"]) == 0
     decode = pd.read_csv(tmp_path / "decode.csv")

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.data import RemoteFile, sha256_of
 from replay.engine.requests import Requests
 from replay.errors import InputError
+from replay.storage.data import RemoteFile, sha256_of
 from replay.workloads.files import CsvTrace
 from tests.conftest import REPO
 from traces import stats
@@ -162,7 +162,7 @@ def test_stats_of_the_lmsys_file(capsys, data_dir):
 def test_cache_dir_is_the_platform_user_cache_unless_the_environment_says(monkeypatch, tmp_path):
     import platformdirs
 
-    from replay.data import cache_dir
+    from replay.storage.data import cache_dir
 
     monkeypatch.delenv("KVSCHED_CACHE_DIR", raising=False)
     assert cache_dir("vidur") == Path(platformdirs.user_cache_dir("kvsched", appauthor=False),

@@ -11,9 +11,9 @@ from hydra.utils import instantiate
 from scipy.stats import norm
 
 from replay.config import CONFIG_DIR, compose_config
-from replay.data import MissingDataError
 from replay.engine.requests import RequestError
 from replay.run import make_requests, run
+from replay.storage.data import MissingDataError
 from replay.workloads.arrivals import (
     AllAtOnce,
     ArrivalError,

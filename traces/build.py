@@ -138,6 +138,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from replay.cli import run_or_exit
+    from replay.config.cli import run_or_exit
 
     run_or_exit(main)

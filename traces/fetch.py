@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pooch
 
-# The trace list lives with the data directory's reader, which checks each file against it.
-from replay.data import TRACE_FILES, RemoteFile
 from replay.errors import InputError
-from replay.outputs import ensure_writable_dir
+
+# The trace list lives with the data directory's reader, which checks each file against it.
+from replay.storage.data import TRACE_FILES, RemoteFile
+from replay.storage.outputs import ensure_writable_dir
 
 __all__ = ["TRACE_FILES", "FetchError", "fetch", "main"]
 
@@ -85,6 +86,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from replay.cli import run_or_exit
+    from replay.config.cli import run_or_exit
 
     run_or_exit(main)

@@ -27,7 +27,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.cli import compose_or_exit, fail, run_or_exit
+from replay.config.cli import compose_or_exit, fail, run_or_exit
 from replay.engine.requests import Requests
 from replay.run import make_requests
 from replay.workloads.mooncake import MooncakeTrace
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         del args[at:at + 2]
     overrides = [a for a in args if a != "--markdown"]
     cfg = compose_or_exit(overrides)
-    from replay.validate import validate_config
+    from replay.config.validate import validate_config
 
     run_or_exit(validate_config, cfg)
     requests = run_or_exit(workload_requests, cfg)

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from policies.labels import policy_label
-from replay.cli import fail, run_or_exit
+from replay.config.cli import fail, run_or_exit
 from replay.errors import InputError
 from replay.experiments.verdicts import (
     AGREES,
@@ -60,7 +60,7 @@ from replay.experiments.verdicts import (
     judge_values,
     span,
 )
-from replay.outputs import read_summary
+from replay.storage.outputs import read_summary
 
 #: Where their result files sit under the data directory.
 THEIR_FOLDER = Path("wait_authors") / "results_analysis" / "test13_nested_long_decode"
@@ -420,6 +420,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from replay.cli import run_or_exit
+    from replay.config.cli import run_or_exit
 
     sys.exit(run_or_exit(main))

@@ -32,7 +32,6 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from replay.data import CACHE_ENV, cache_dir
 from replay.experiments import time_spent
 from replay.experiments.claims import CLAIMS, PAPERS
 from replay.experiments.targets import MANIFEST
@@ -44,6 +43,7 @@ from replay.experiments.verdicts import (
     verdict_word,
 )
 from replay.results import TABLE_NAME
+from replay.storage.data import CACHE_ENV, cache_dir
 
 #: Known limits of the data and of the timing model that a reader of any number should know.
 CAVEATS = (

@@ -54,7 +54,7 @@ def describe(cfg) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from replay.cli import compose_or_exit, run_or_exit
+    from replay.config.cli import compose_or_exit, run_or_exit
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
@@ -74,6 +74,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from replay.cli import run_or_exit
+    from replay.config.cli import run_or_exit
 
     run_or_exit(main)

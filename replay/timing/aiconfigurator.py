@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from replay.data import file_record
 from replay.errors import ConfigError
+from replay.storage.data import file_record
 
 PACKAGE = "aiconfigurator-core"
 SYSTEM = "a100_sxm"

@@ -33,11 +33,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from replay import data
-from replay.data import file_record
 from replay.engine.timing import BatchShape
 from replay.errors import ConfigError
 from replay.params import check
+from replay.storage import data
+from replay.storage.data import file_record
 from replay.timing.aiconfigurator_step import kernel_db_seconds
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ K+V bytes per cached token (fp16)  2*4*128*2 = 2048  2*32*128*2 = 16384
   launch and per-request terms (``a``, ``b``) are kept as measured.
 
 The measured 32-KV-head decode kernels were compared with this derivation
-(``python -m replay.timing.attention_sources``) and not adopted: the two
+(``python -m replay.tools.attention_sources``) and not adopted: the two
 collections that time them (SGLang, TensorRT-LLM) differ from each other by about
 1.5x and bracket the derivation (median 0.72x and 1.10x of it), and at the 70B
 shape neither reproduces Vidur's own measurement, which the derivation starts

@@ -1,6 +1,6 @@
 """Fit the ``timing=linear`` coefficients to the Vidur backend, and say how well they fit.
 
-``python -m replay.timing.fit_linear [--batches N] [--seed S] [--out DIR] [hydra overrides]``
+``python -m replay.tools.fit_linear [--batches N] [--seed S] [--out DIR] [hydra overrides]``
 fits, for each model/hardware pair, ``d0 .. d4`` of :class:`~replay.timing.simple.LinearTiming`
 
     tau = d0 + d1 KV touched + d2 prefill tokens + d3 decode tokens + d4 prompts   (seconds)
@@ -33,21 +33,18 @@ prompt terms cannot trade accuracy on decodes for accuracy on prompts.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from replay.cli import run_or_exit
 from replay.engine.timing import BatchShape
-from replay.outputs import atomic_write, atomic_write_text
+from replay.storage.outputs import atomic_write, atomic_write_text
 from replay.timing.shapes import MODEL_HARDWARE, compose_timing
 from replay.timing.simple import LinearTiming
 
@@ -231,31 +228,7 @@ def provenance(timing, args, seed: int, batches: int) -> dict:
                 "source", info["attention"].get("what")),
             "mix": f"{batches} batches, seed {seed}", "method": "two-stage NNLS on relative error",
             "date": datetime.date.today().isoformat(), "kvsched_commit": _commit(),
-            "command": "python -m replay.timing.fit_linear " + shlex.join(args)}
-
-
-def batch_count(text: str) -> int:
-    """``--batches``: a whole number of batches in 1..MAX_BATCHES."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_BATCHES:
-        raise argparse.ArgumentTypeError(f"must be 1..{MAX_BATCHES:,}, got {value}")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=batch_count, default=4000,
-                        help=f"batches in the fitting mix, 1..{MAX_BATCHES:,}")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("outputs/timing/fit_linear"))
-    parser.add_argument("overrides", nargs="*", help="hydra overrides for both models")
-    raw = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(raw)
-    fit_and_report(args.batches, args.seed, args.overrides, args.out, raw)
-    return 0
+            "command": "python -m replay.tools.fit_linear " + shlex.join(args)}
 
 
 def fit_and_report(batches: int, seed: int, overrides: list[str], out: Path,
@@ -295,7 +268,3 @@ def fit_and_report(batches: int, seed: int, overrides: list[str], out: Path,
     atomic_write(out / "fit_regions.csv", lambda tmp: table.to_csv(tmp, index=False))
     print(f"saved {out / 'fit_linear.json'} and {out / 'fit_regions.csv'}")
     return results
-
-
-if __name__ == "__main__":
-    sys.exit(run_or_exit(main))

@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from replay.data import file_record
 from replay.engine.timing import BatchShape
 from replay.errors import ConfigError, InputError
 from replay.params import check
+from replay.storage.data import file_record
 from replay.timing.layer_profile_step import (
     F_ALLREDUCE_BYTES_PER_TOKEN,
     F_LINK_BYTES_PER_S,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replay.data import RemoteFile, know
+from replay.storage.data import RemoteFile, know
 
 VIDUR_REPO = "microsoft/vidur"
 ATTENTION_70B_COMMIT = "e2d00e9afba96cec9f0e7ea560bbfc4a539fae6a"

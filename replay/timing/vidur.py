@@ -64,12 +64,12 @@ import fasteners
 import numpy as np
 import pandas as pd
 
-from replay import data
-from replay.data import file_record, require_file
 from replay.engine.rules import CompiledTiming, counters_of
 from replay.engine.state import TimingState, new_timing_state
 from replay.engine.timing import BatchShape
 from replay.errors import ConfigError, InputError
+from replay.storage import data
+from replay.storage.data import file_record, require_file
 from replay.timing import aiconfigurator, attention_7b, vidur_pricing
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
 from replay.timing.vidur_pricing import BEYOND_PROFILE_MODES, OUT_OF_RANGE_KINDS

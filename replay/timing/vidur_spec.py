@@ -146,15 +146,15 @@ PROFILE_SCHEMAS = {
 def check_profile(path: Path, kind: str, select: dict | None = None) -> None:
     """Refuse a profile Vidur could not train on, or would train on nonsense, before it
     trains: a file that is not CSV text or has a row cut short
-    (:func:`replay.data.read_csv`), a column of :data:`PROFILE_SCHEMAS` missing, a value
+    (:func:`replay.storage.data.read_csv`), a column of :data:`PROFILE_SCHEMAS` missing, a value
     that is not a finite number >= 0 (its line and column), or no rows for the model and
     parallelism (``select``: column -> value, the rows Vidur keeps) -- or, for attention, no
     decode or no prefill rows among them. Raises :class:`~replay.errors.InputError`."""
     import numpy as np
     import pandas as pd
 
-    from replay.data import read_csv
     from replay.errors import InputError
+    from replay.storage.data import read_csv
 
     what = f"Vidur {kind} profile"
     schema = PROFILE_SCHEMAS[kind]

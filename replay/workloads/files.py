@@ -12,16 +12,16 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from replay.data import file_record, read_csv, require_file
 from replay.engine.requests import RequestError, Requests
 from replay.errors import InputError
 from replay.params import check
+from replay.storage.data import file_record, read_csv, require_file
 
 WHAT = "workload trace"
 
 
 def _read(path, **options) -> pd.DataFrame:
-    """:func:`replay.data.read_csv` of a trace; a refusal is a :class:`RequestError`, as a
+    """:func:`replay.storage.data.read_csv` of a trace; a refusal is a :class:`RequestError`, as a
     bad row's is."""
     try:
         return read_csv(path, WHAT, **options)
@@ -59,8 +59,8 @@ def _read_length_columns(path, columns: dict[str, str]) -> tuple[pd.DataFrame, d
     lines count, and are malformed rows). The file is parsed numerically in one
     pass; only when that finds a bad value is it re-read as text to name the line.
     A file ``traces.fetch`` knows must have its recorded SHA-256
-    (:func:`replay.data.require_file`), and one that is not CSV text, not UTF-8, cut short
-    or damaged is refused by :func:`replay.data.read_csv`.
+    (:func:`replay.storage.data.require_file`), and one that is not CSV text, not UTF-8, cut short
+    or damaged is refused by :func:`replay.storage.data.read_csv`.
     """
     p = require_file(path, WHAT)
     header = _read(p, nrows=0, dtype=str).columns

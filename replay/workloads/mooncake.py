@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.data import file_record, require_file
 from replay.engine.requests import RequestError, Requests, offsets_of
 from replay.params import check
+from replay.storage.data import file_record, require_file
 from replay.workloads.files import MAX_LENGTH, cap_rows
 
 #: The token count behind one id of the published traces.

@@ -17,8 +17,8 @@ import pandas as pd  # noqa: E402
 
 from policies.labels import policy_label  # noqa: E402
 from replay.errors import InputError  # noqa: E402
-from replay.outputs import atomic_write, ensure_writable_dir  # noqa: E402
 from replay.results import nested, runs_under  # noqa: E402
+from replay.storage.outputs import atomic_write, ensure_writable_dir  # noqa: E402
 
 
 def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:

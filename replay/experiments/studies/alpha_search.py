@@ -37,8 +37,13 @@ from replay.experiments.plots.common import (  # noqa: E402
     plot_kv_timelines,
     save_figure,
 )
-from replay.outputs import append_row, atomic_write_text, drop_partial_last_row, summary_json  # noqa: E402
 from replay.run import build_and_run  # noqa: E402
+from replay.storage.outputs import (  # noqa: E402
+    append_row,
+    atomic_write_text,
+    drop_partial_last_row,
+    summary_json,
+)
 
 COLUMNS = ["requeue", "rate", "alpha", "status", "n_completed", "n_requests", "mean_latency",
            "evictions", "n_failed_attempts"]

@@ -40,8 +40,8 @@ from replay.engine.kv import explicit
 from replay.engine.loop import Engine
 from replay.engine.overflow import EvictLIFO
 from replay.experiments.studies.trials import finished_trials, run_parallel
-from replay.outputs import append_row, atomic_write_text, summary_json
 from replay.run import package_versions
+from replay.storage.outputs import append_row, atomic_write_text, summary_json
 from replay.timing.simple import UnitTiming
 from replay.workloads.synthetic import Synthetic
 

@@ -56,8 +56,8 @@ from replay.fluid.model import (  # noqa: E402
     linear_coefficients,
     stability_boundary,
 )
-from replay.outputs import atomic_write_text  # noqa: E402
 from replay.run import build_and_run  # noqa: E402
+from replay.storage.outputs import atomic_write_text  # noqa: E402
 
 log = logging.getLogger(__name__)
 

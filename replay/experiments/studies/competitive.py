@@ -44,8 +44,8 @@ from replay.engine.loop import Engine
 from replay.engine.overflow import EvictLIFO
 from replay.engine.requests import Requests
 from replay.experiments.studies.trials import counted, finished_trials, run_parallel
-from replay.outputs import append_row, atomic_write_text, summary_json
 from replay.run import make_requests, package_versions
+from replay.storage.outputs import append_row, atomic_write_text, summary_json
 from replay.timing.simple import UnitTiming
 from replay.workloads.arrivals import AllAtOnce, PoissonRounds
 from replay.workloads.synthetic import Synthetic

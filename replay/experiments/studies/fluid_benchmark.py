@@ -37,11 +37,11 @@ from replay.fluid.model import (
     nested_condition_thresholds,
     segment_memory_terms,
 )
-from replay.outputs import (
+from replay.run import make_requests  # noqa: E402
+from replay.storage.outputs import (
     atomic_write_text,  # noqa: E402
     summary_json,
 )
-from replay.run import make_requests  # noqa: E402
 from replay.workloads.typed import output_length_types  # noqa: E402
 
 

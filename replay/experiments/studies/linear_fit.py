@@ -1,5 +1,5 @@
 """The linear timing model's fit to Vidur as a reproduction target: the refit of
-``python -m replay.timing.fit_linear`` (both model/hardware pairs), its error per region of
+``python -m replay.tools.fit_linear`` (both model/hardware pairs), its error per region of
 the shape grid, and a figure of those errors against the target (median <= 5 % and
 max <= 20 % over decode batches of 1..512 at contexts 16..4,096).
 
@@ -23,7 +23,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
 from replay.errors import ConfigError  # noqa: E402
 from replay.experiments.plots.common import save_figure  # noqa: E402
-from replay.outputs import atomic_write_text  # noqa: E402
+from replay.storage.outputs import atomic_write_text  # noqa: E402
 from replay.timing.fit_linear import MAX_BATCHES, TARGET_ERROR, fit_and_report  # noqa: E402
 
 

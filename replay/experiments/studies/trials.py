@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from replay.errors import InputError
-from replay.outputs import atomic_write_text, drop_partial_last_row, read_summary
+from replay.storage.outputs import atomic_write_text, drop_partial_last_row, read_summary
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from replay.data import file_record, sha256_of
 from replay.errors import OutputError
+from replay.storage.data import file_record, sha256_of
 
 #: The files a replay writes, besides the summary.
 TABLES = ("requests.parquet", "iterations.parquet")

@@ -13,12 +13,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from replay.data import cache_dir
+from replay.storage.data import cache_dir
 
 
 def _config_dir() -> Path:
     """``configs/`` of a source checkout, else the installed ``kvsched_configs`` package."""
-    checkout = Path(__file__).resolve().parent.parent / "configs"
+    checkout = Path(__file__).resolve().parents[2] / "configs"
     if (checkout / "config.yaml").is_file():
         return checkout
     import kvsched_configs

@@ -1,6 +1,6 @@
 """Compare the Llama-2-7B attention sources on the shapes they share.
 
-``python -m replay.timing.attention_sources [--out DIR] [hydra overrides]`` writes
+``python -m replay.tools.attention_sources [--out DIR] [hydra overrides]`` writes
 ``decode.csv`` and ``prefill.csv`` (milliseconds per layer) and prints their
 medians. Each row is one shape of NVIDIA's A100-SXM4-80GB kernel tables
 (:mod:`replay.timing.aiconfigurator`) that Vidur's measured Llama-2-70B TP 2
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from replay.cli import compose, run_or_exit
-from replay.data import require_file
+from replay.config.cli import compose, run_or_exit
+from replay.storage.data import require_file
 from replay.timing import aiconfigurator, attention_7b
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
 

@@ -64,7 +64,7 @@ def refused_write(exc: BaseException, where: object = None) -> str | None:
     is not one). ``where`` names the folder when the error does not name its file."""
     if not isinstance(exc, OSError) or exc.errno not in WRITE_REFUSED:
         return None
-    from replay.outputs import output_error
+    from replay.storage.outputs import output_error
 
     return str(output_error(exc.filename or where or "a result file", exc))
 
@@ -170,7 +170,7 @@ def compose(overrides: Sequence[str]) -> DictConfig:
 def compose_or_exit(overrides: Sequence[str]) -> DictConfig:
     """The validated config of ``overrides`` (:func:`compose`), or exit 2 naming what is
     wrong."""
-    from replay.validate import validate_config
+    from replay.config.validate import validate_config
 
     cfg = run_or_exit(compose, overrides)
     run_or_exit(validate_config, cfg)

@@ -36,8 +36,8 @@ def _task_config(config: DictConfig) -> dict | None:
 def refusal(folder: Path, config: DictConfig) -> str | None:
     """Why a run of ``config`` in ``folder`` will be refused (``None``: it will not be): the
     folder holds a finished run of another config and ``output.overwrite`` is off.
-    The app makes the same check (:func:`replay.outputs.stale_reason`)."""
-    from replay.outputs import read_summary, result_config
+    The app makes the same check (:func:`replay.storage.outputs.stale_reason`)."""
+    from replay.storage.outputs import read_summary, result_config
 
     if config.get("study") is not None or config.get("output", {}).get("overwrite", False):
         return None
@@ -57,9 +57,9 @@ class RunFolderCheck:
     writable. Otherwise one ``error:`` line, exit status 2, nothing written."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from replay.cli import fail
+        from replay.config.cli import fail
         from replay.errors import OutputError
-        from replay.outputs import ensure_writable_dir
+        from replay.storage.outputs import ensure_writable_dir
 
         folder = Path(str(config.hydra.run.dir)).expanduser()
         refused = refusal(folder, config) if folder.is_dir() else None
@@ -71,9 +71,9 @@ class RunFolderCheck:
             fail(f"{exc}; choose another hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from replay.cli import fail
+        from replay.config.cli import fail
         from replay.errors import OutputError
-        from replay.outputs import ensure_writable_dir
+        from replay.storage.outputs import ensure_writable_dir
 
         try:
             ensure_writable_dir(Path(str(config.hydra.sweep.dir)).expanduser())

@@ -1,0 +1,46 @@
+"""Longest prompt first, as a compiled decision: the example of docs/adding-a-policy.md
+written the way the built-in policies are, so that the step loop calls it directly.
+
+Copy this file to ``policies/`` and select it with a yaml whose ``_target_`` is
+``policies.longest_prompt_first_compiled.LongestPromptFirstCompiled``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.common.lookahead import start_admissible
+from replay.engine.jit import jit
+from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.rules import CompiledPolicy
+from replay.engine.sorting import stable_argsort
+from replay.engine.state import new_rule_state
+
+
+@jit
+def longest_prompt_first_decide(s, rule):
+    """The waiting queue by descending prompt length (ties: queue order), started as far as
+    the lookahead check admits (``rule.ints[0]`` is the check's hint)."""
+    n = s.qtail - s.qhead
+    keys, order = rule.counts, rule.ids  # this rule's own buffers (see rule_state)
+    for i in range(n):
+        keys[i] = -s.prompt_len[s.queue[s.qhead + i]]
+    ranked = stable_argsort(keys, n)
+    for i in range(n):
+        order[i] = s.queue[s.qhead + ranked[i]]
+    return start_admissible(s, rule, order, n)
+
+
+@dataclass
+class LongestPromptFirstCompiled(CompiledPolicy):
+    """Start the longest waiting prompts first, within the lookahead memory check."""
+
+    overflow: OverflowRule
+
+    decision = longest_prompt_first_decide
+
+    def rule_state(self, setup: RunSetup):
+        return new_rule_state(ints=[-1], ids=np.zeros(setup.n, dtype=np.int64),
+                              counts=np.zeros(setup.n, dtype=np.int64))
