@@ -217,6 +217,11 @@ def test_side_by_side_and_the_pricing_measurement_on_constructed_runs(tmp_path):
     assert bool(vllm["same_batches"]) and vllm["theirs_max_batch"] == 200
     assert vllm["theirs_at_end"] == pytest.approx(500 / 0.24)
     assert vllm["ours_at_end"] == pytest.approx(500 / 0.236)
+    # The same batches: the two decode batches (past the profile) took 0.018 s against 0.02 s
+    # and moved our last batch end 0.004 s earlier; the prefill batch took the same time.
+    assert vllm["median_ratio_past_profile"] == pytest.approx(0.9)
+    assert vllm["end_shift_past_profile_s"] == pytest.approx(-0.004)
+    assert vllm["end_shift_within_profile_s"] == pytest.approx(0.0)
     assert not bool(table.loc["WAIT", "their_variant"])
     pricing = pricing_table(runs, root)
     linear = pricing[pricing["mode"] == "linear"].iloc[0]

@@ -171,6 +171,24 @@ def same_batches(ours: pd.DataFrame, theirs: pd.DataFrame) -> bool:
         (ours["members"].to_numpy() == theirs["members"].to_numpy()).all())
 
 
+def interval_split(ours: pd.DataFrame, theirs: pd.DataFrame) -> dict:
+    """For two runs that formed the same batches: each batch's interval (from the previous
+    batch end to its own) ours over theirs, as the median over the batches past the
+    profile (> :data:`PROFILE_EDGE` members) and within it, and how many seconds each group
+    moved our last batch end from theirs (the two add up to the whole shift)."""
+    interval = np.diff(ours["end"].to_numpy(), prepend=0.0)
+    their_interval = np.diff(theirs["end"].to_numpy(), prepend=0.0)
+    ratio, shift = interval / their_interval, interval - their_interval
+    past = ours["members"].to_numpy() > PROFILE_EDGE
+    return {"batches_past_profile": int(past.sum()),
+            "median_ratio_past_profile": float(np.median(ratio[past])) if past.any()
+            else math.nan,
+            "median_ratio_within_profile": float(np.median(ratio[~past])) if (~past).any()
+            else math.nan,
+            "end_shift_past_profile_s": float(shift[past].sum()),
+            "end_shift_within_profile_s": float(shift[~past].sum())}
+
+
 # --------------------------------------------------------------------------- our runs
 #: The options that make our WAIT and Nested WAIT the authors' variants, by policy class
 #: (docs/policies/wait.md, "The authors' variant").
@@ -210,9 +228,11 @@ def our_runs(sweep_dir: Path) -> pd.DataFrame:
 
 def side_by_side(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
     """Per policy and cap both sides have: their metric at the last batch end and their
-    notebook's mean over ``T >= 150 s``, theirs and ours, the largest batch of each, and
-    whether the runs formed the same batches. Our runs are those of the policy sweeps
-    (``runs/<policy>/``), not the pricing sweeps."""
+    notebook's mean over ``T >= 150 s``, theirs and ours, the largest batch of each,
+    whether the runs formed the same batches and, where they did, where the time went
+    (:func:`interval_split`). Our runs are those of the policy sweeps (``runs/<policy>/``),
+    not the pricing sweeps; ``beyond_profile`` says how each priced decodes past the
+    profile."""
     theirs = their_runs(root)
     ours = pd.concat([our_runs(d) for d in sorted(Path(runs_dir).iterdir())
                       if d.is_dir() and not PRICING_SWEEP.fullmatch(d.name)]
@@ -224,15 +244,18 @@ def side_by_side(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
             continue
         their = their_batches(match["path"].iloc[0])
         own = our_batches(mine["run_dir"])
+        same = same_batches(own, their)
         rows.append({
             "policy": mine["policy"], "cap": int(mine["cap"]),
             "their_variant": bool(mine["their_variant"]),
+            "beyond_profile": mine["beyond_profile"],
             "theirs_at_end": at_last_batch_end(their), "ours_at_end": at_last_batch_end(own),
             "theirs_mean_150s": notebook_mean(their), "ours_mean_150s": notebook_mean(own),
             "theirs_end_s": float(their["end"].iloc[-1]), "ours_end_s": float(own["end"].iloc[-1]),
             "theirs_max_batch": int(their["members"].max()),
             "ours_max_batch": int(own["members"].max()) if len(own) else 0,
-            "same_batches": same_batches(own, their),
+            "same_batches": same,
+            **(interval_split(own, their) if same else {}),
             "their_file": f"$KVSCHED_DATA_DIR/{THEIR_FOLDER}/"
                           f"{match['path'].iloc[0].parent.name}/{match['path'].iloc[0].name}"})
     table = pd.DataFrame(rows)
@@ -264,14 +287,10 @@ def pricing_table(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
                    "batches": len(own), "same_batches": same_batches(own, their),
                    "end_ratio": float(own["end"].iloc[-1] / their["end"].iloc[-1])}
             if row["same_batches"]:
-                ratio = (np.diff(own["end"].to_numpy(), prepend=0.0)
-                         / np.diff(their["end"].to_numpy(), prepend=0.0))
-                past = own["members"].to_numpy() > PROFILE_EDGE
-                row["batches_past_profile"] = int(past.sum())
-                row["median_ratio_past_profile"] = (float(np.median(ratio[past])) if past.any()
-                                                    else math.nan)
-                row["median_ratio_within_profile"] = (float(np.median(ratio[~past]))
-                                                      if (~past).any() else math.nan)
+                split = interval_split(own, their)
+                row.update({key: split[key] for key in (
+                    "batches_past_profile", "median_ratio_past_profile",
+                    "median_ratio_within_profile")})
             rows.append(row)
     table = pd.DataFrame(rows, columns=["mode", "policy", "cap", "batches", "same_batches",
                                         "batches_past_profile", "median_ratio_past_profile",
@@ -316,7 +335,8 @@ def figures(runs_dir: Path, out_dir: Path) -> list[Path]:
                 color = f"C{index}"
                 ax.plot(rows["cap"], rows[theirs], marker="s", ls="--", color=color,
                         label=f"{policy}: theirs")
-                variant = "" if rows["their_variant"].all() else " (not their variant)"
+                variant = ("" if policy not in THEIR_PAPER_POLICY or rows["their_variant"].all()
+                           else " (not their variant)")
                 ax.plot(rows["cap"], rows[ours], marker="o", color=color,
                         label=f"{policy}: ours{variant}")
             ax.set_xlabel("cap (their total_limit / batch_size_cap = our batch_limit)")
@@ -390,6 +410,14 @@ def _metric_part(policy: str, column: str, what: str) -> Part:
                   f"{int(rows['same_batches'].sum())} of {count(len(rows), 'caps')}; ours over "
                   f"theirs by cap: " + ", ".join(f"{c} {r:.3f}" for c, r in
                                                  zip(rows["cap"], ratio, strict=True)),)
+        same = rows[rows["same_batches"].astype(bool)]
+        if len(same):  # the same batches: only their times differ, in which batches?
+            detail += (f"{policy}: where the batches are the same, our last batch end moved "
+                       f"from theirs by {same['end_shift_past_profile_s'].abs().sum():.1f} s "
+                       f"in the batches past the {PROFILE_EDGE}-decode profile and "
+                       f"{same['end_shift_within_profile_s'].abs().sum():.1f} s in those "
+                       f"within it (absolute shifts summed over "
+                       f"{count(len(same), 'caps')})",)
         if not rows["their_variant"].all() and policy in ("WAIT", "Nested WAIT"):
             return Result(NOT_MEASURED, f"Not measured: runs of our {policy} that are not "
                                         f"their variant (paper_policy="
