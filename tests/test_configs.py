@@ -32,7 +32,8 @@ def test_there_is_something_to_check():
 #: Options that need a value the user must give.
 TYPED = ["workload=typed", "arrivals=trace"]
 REQUIRED = {("workload", "csv"): ["workload.path=trace.csv"], ("policy", "wait"): TYPED,
-            ("paper_policy", "wait"): TYPED,
+            ("paper_policy", "wait"): TYPED, ("paper_policy", "wait_authors"): TYPED,
+            ("paper_policy", "nested_authors"): TYPED,
             ("paper_policy", "wait_b0"): [*TYPED,
                                           "workload.types=[{prompt_len:1,output_len:2,rate:4}]"]}
 COMPONENTS = ("kv", "timing", "workload", "arrivals", "policy", "prediction")

@@ -57,6 +57,19 @@ POLICIES = {
                                       n=[2, 2, 1]),
     "nested_wait_max_wait": lambda: NestedWait(EvictLIFO(), boundaries=[3], max_stage=20,
                                                n=[3, 2], max_wait=3.0),
+    # the WAIT authors' variants (paper_policy=wait_authors, nested_authors), and their
+    # options one by one
+    "wait_authors": lambda: Wait(EvictLIFO(), TYPES, thresholds="authors", batch_limit=6,
+                                 in_flight_limit="per_type", readiness="any_type",
+                                 force_clear=True),
+    "wait_per_type": lambda: Wait(EvictLIFO(), TYPES, n=[2, 1], batch_limit=6,
+                                  in_flight_limit="per_type"),
+    "wait_any_type_force_clear": lambda: Wait(EvictLIFO(), TYPES, n=[3, 2],
+                                              readiness="any_type", force_clear=True),
+    "nested_authors": lambda: NestedWait(EvictLIFO(), types=TYPES, thresholds="authors",
+                                         batch_limit=20, force_clear=True),
+    "nested_wait_force_clear": lambda: NestedWait(EvictLIFO(), boundaries=[2, 5],
+                                                  max_stage=20, n=[2, 2, 1], force_clear=True),
 }
 
 

@@ -1,5 +1,6 @@
 """What the threshold policies (WAIT, Nested WAIT) share: the running set in id order, kept
-across steps, and "the first ``n`` of each group" over it.
+across steps, "the first ``n`` of each group" over it, and the WAIT authors' ``force_clear``
+(drop every unfinished request).
 
 Both take "the ``n`` oldest requests at every stage" of some group of running requests.
 Engine ids are arrival order, so the oldest are the smallest ids: walking the running set
@@ -58,3 +59,20 @@ def first_per_group(keys, limits, n, keep):
             rank = 0
         keep[j] = rank < limits[j]
         rank += 1
+
+
+@jit
+def drop_unfinished(s, by_id, length):
+    """The decision that ends the run as the WAIT authors' ``force_clear`` does: drop every
+    waiting request and every running one (``by_id[:length]``, from :func:`running_by_id`),
+    and run nothing."""
+    n_drop = 0
+    for q in range(s.qhead, s.qtail):
+        s.drop[n_drop] = s.queue[q]
+        n_drop += 1
+    for k in range(length):
+        s.drop[n_drop] = by_id[k]
+        n_drop += 1
+    s.n_drop = n_drop
+    s.n_start = 0
+    s.n_advance = 0

@@ -18,9 +18,10 @@ or dropped count too. :func:`batch_ends` computes both from our ``iterations.par
 
 **The side-by-side** (:func:`side_by_side`): for every policy and cap both sides have,
 theirs and ours of both numbers, the largest batch, and whether the two runs formed the
-same batches (the same members in the same order). Their WAIT and Nested WAIT ran with
-per-type and per-segment in-flight limits and ``force_clear``; a run of ours counts as
-their variant only when its policy config sets ``force_clear`` (:func:`their_variant`).
+same batches (the same members in the same order). Their WAIT and Nested WAIT are not the
+paper's rules; ours offer theirs as options (``paper_policy=wait_authors`` and
+``nested_authors``), and a run of ours counts as their variant only when its policy config
+sets every one of those options (:data:`THEIR_OPTIONS`, :func:`their_variant`).
 
 **Decode pricing past the profile** (:func:`pricing_table`): Vidur's A100 profiles end at
 128 decodes; what a batch of more costs is an extrapolation (``timing.beyond_profile``).
@@ -76,6 +77,8 @@ THEIR_FILES = {
                     r"throughput_general_nested_booking_limit_limit_(?P<cap>\d+)"
                     r"_batch_size_(?P<max>\d+)\.csv"),
 }
+#: Our paper-policy config of each of their variants.
+THEIR_PAPER_POLICY = {"WAIT": "wait_authors", "Nested WAIT": "nested_authors"}
 #: Their notebook averages count / T over the batch ends from this time on (seconds).
 NOTEBOOK_T0 = 150.0
 #: The largest decode batch in Vidur's A100 profiles.
@@ -168,11 +171,40 @@ def same_batches(ours: pd.DataFrame, theirs: pd.DataFrame) -> bool:
         (ours["members"].to_numpy() == theirs["members"].to_numpy()).all())
 
 
+def interval_split(ours: pd.DataFrame, theirs: pd.DataFrame) -> dict:
+    """For two runs that formed the same batches: each batch's interval (from the previous
+    batch end to its own) ours over theirs, as the median over the batches past the
+    profile (> :data:`PROFILE_EDGE` members) and within it, and how many seconds each group
+    moved our last batch end from theirs (the two add up to the whole shift)."""
+    interval = np.diff(ours["end"].to_numpy(), prepend=0.0)
+    their_interval = np.diff(theirs["end"].to_numpy(), prepend=0.0)
+    ratio, shift = interval / their_interval, interval - their_interval
+    past = ours["members"].to_numpy() > PROFILE_EDGE
+    return {"batches_past_profile": int(past.sum()),
+            "median_ratio_past_profile": float(np.median(ratio[past])) if past.any()
+            else math.nan,
+            "median_ratio_within_profile": float(np.median(ratio[~past])) if (~past).any()
+            else math.nan,
+            "end_shift_past_profile_s": float(shift[past].sum()),
+            "end_shift_within_profile_s": float(shift[~past].sum())}
+
+
 # --------------------------------------------------------------------------- our runs
+#: The options that make our WAIT and Nested WAIT the authors' variants, by policy class
+#: (docs/policies/wait.md, "The authors' variant").
+THEIR_OPTIONS = {
+    "policies.wait.Wait": {"thresholds": "authors", "in_flight_limit": "per_type",
+                           "readiness": "any_type", "force_clear": True},
+    "policies.nested_wait.NestedWait": {"thresholds": "authors", "force_clear": True},
+}
+
+
 def their_variant(policy_cfg: dict) -> bool:
-    """Whether our policy ran as their variant: their WAIT and Nested WAIT drop the queue
-    when no type (segment) is ready after the last arrival (``force_clear``)."""
-    return bool(policy_cfg.get("force_clear"))
+    """Whether our policy ran as their variant: a WAIT or Nested WAIT whose config sets every
+    option of :data:`THEIR_OPTIONS` (``force_clear`` alone is not their scheduler)."""
+    wanted = THEIR_OPTIONS.get(str(policy_cfg.get("_target_")))
+    return wanted is not None and all(policy_cfg.get(key) == value
+                                      for key, value in wanted.items())
 
 
 def our_runs(sweep_dir: Path) -> pd.DataFrame:
@@ -196,9 +228,11 @@ def our_runs(sweep_dir: Path) -> pd.DataFrame:
 
 def side_by_side(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
     """Per policy and cap both sides have: their metric at the last batch end and their
-    notebook's mean over ``T >= 150 s``, theirs and ours, the largest batch of each, and
-    whether the runs formed the same batches. Our runs are those of the policy sweeps
-    (``runs/<policy>/``), not the pricing sweeps."""
+    notebook's mean over ``T >= 150 s``, theirs and ours, the largest batch of each,
+    whether the runs formed the same batches and, where they did, where the time went
+    (:func:`interval_split`). Our runs are those of the policy sweeps (``runs/<policy>/``),
+    not the pricing sweeps; ``beyond_profile`` says how each priced decodes past the
+    profile."""
     theirs = their_runs(root)
     ours = pd.concat([our_runs(d) for d in sorted(Path(runs_dir).iterdir())
                       if d.is_dir() and not PRICING_SWEEP.fullmatch(d.name)]
@@ -210,15 +244,18 @@ def side_by_side(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
             continue
         their = their_batches(match["path"].iloc[0])
         own = our_batches(mine["run_dir"])
+        same = same_batches(own, their)
         rows.append({
             "policy": mine["policy"], "cap": int(mine["cap"]),
             "their_variant": bool(mine["their_variant"]),
+            "beyond_profile": mine["beyond_profile"],
             "theirs_at_end": at_last_batch_end(their), "ours_at_end": at_last_batch_end(own),
             "theirs_mean_150s": notebook_mean(their), "ours_mean_150s": notebook_mean(own),
             "theirs_end_s": float(their["end"].iloc[-1]), "ours_end_s": float(own["end"].iloc[-1]),
             "theirs_max_batch": int(their["members"].max()),
             "ours_max_batch": int(own["members"].max()) if len(own) else 0,
-            "same_batches": same_batches(own, their),
+            "same_batches": same,
+            **(interval_split(own, their) if same else {}),
             "their_file": f"$KVSCHED_DATA_DIR/{THEIR_FOLDER}/"
                           f"{match['path'].iloc[0].parent.name}/{match['path'].iloc[0].name}"})
     table = pd.DataFrame(rows)
@@ -250,14 +287,10 @@ def pricing_table(runs_dir: Path, root: Path | None = None) -> pd.DataFrame:
                    "batches": len(own), "same_batches": same_batches(own, their),
                    "end_ratio": float(own["end"].iloc[-1] / their["end"].iloc[-1])}
             if row["same_batches"]:
-                ratio = (np.diff(own["end"].to_numpy(), prepend=0.0)
-                         / np.diff(their["end"].to_numpy(), prepend=0.0))
-                past = own["members"].to_numpy() > PROFILE_EDGE
-                row["batches_past_profile"] = int(past.sum())
-                row["median_ratio_past_profile"] = (float(np.median(ratio[past])) if past.any()
-                                                    else math.nan)
-                row["median_ratio_within_profile"] = (float(np.median(ratio[~past]))
-                                                      if (~past).any() else math.nan)
+                split = interval_split(own, their)
+                row.update({key: split[key] for key in (
+                    "batches_past_profile", "median_ratio_past_profile",
+                    "median_ratio_within_profile")})
             rows.append(row)
     table = pd.DataFrame(rows, columns=["mode", "policy", "cap", "batches", "same_batches",
                                         "batches_past_profile", "median_ratio_past_profile",
@@ -302,7 +335,8 @@ def figures(runs_dir: Path, out_dir: Path) -> list[Path]:
                 color = f"C{index}"
                 ax.plot(rows["cap"], rows[theirs], marker="s", ls="--", color=color,
                         label=f"{policy}: theirs")
-                variant = "" if rows["their_variant"].all() else " (not their variant)"
+                variant = ("" if policy not in THEIR_PAPER_POLICY or rows["their_variant"].all()
+                           else " (not their variant)")
                 ax.plot(rows["cap"], rows[ours], marker="o", color=color,
                         label=f"{policy}: ours{variant}")
             ax.set_xlabel("cap (their total_limit / batch_size_cap = our batch_limit)")
@@ -376,12 +410,20 @@ def _metric_part(policy: str, column: str, what: str) -> Part:
                   f"{int(rows['same_batches'].sum())} of {count(len(rows), 'caps')}; ours over "
                   f"theirs by cap: " + ", ".join(f"{c} {r:.3f}" for c, r in
                                                  zip(rows["cap"], ratio, strict=True)),)
+        same = rows[rows["same_batches"].astype(bool)]
+        if len(same):  # the same batches: only their times differ, in which batches?
+            detail += (f"{policy}: where the batches are the same, our last batch end moved "
+                       f"from theirs by {same['end_shift_past_profile_s'].abs().sum():.1f} s "
+                       f"in the batches past the {PROFILE_EDGE}-decode profile and "
+                       f"{same['end_shift_within_profile_s'].abs().sum():.1f} s in those "
+                       f"within it (absolute shifts summed over "
+                       f"{count(len(same), 'caps')})",)
         if not rows["their_variant"].all() and policy in ("WAIT", "Nested WAIT"):
-            limits = "per-type" if policy == "WAIT" else "per-segment"
-            return Result(NOT_MEASURED, f"Not measured: our {policy} is not yet their variant "
-                                        f"({limits} in-flight limits, force_clear); shown side "
-                                        f"by side only.", span(ratio),
-                          count(len(rows), "caps"), detail)
+            return Result(NOT_MEASURED, f"Not measured: runs of our {policy} that are not "
+                                        f"their variant (paper_policy="
+                                        f"{THEIR_PAPER_POLICY[policy]}); shown side by side "
+                                        f"only.", span(ratio), count(len(rows), "caps"),
+                          detail)
         values = pd.DataFrame({"label": [f"cap {c}" for c in rows["cap"]], "value": ratio,
                                "n": len(rows)})
         found = judge_values(values, 1.0, 1.0, AGREEMENT, 3,

@@ -185,7 +185,7 @@ def _caps(caps) -> str:
 AUTHORS_CAPS = {
     "vllm": (*range(100, 2001, 100), 448),
     "sarathi": (*range(100, 1201, 100), 448),
-    "wait": (*range(100, 2101, 100), 420, 440, 460, 480, 520, 540, 560, 580),
+    "wait_authors": (*range(100, 2101, 100), 420, 440, 460, 480, 520, 540, 560, 580),
     "nested_authors": tuple(range(100, 2101, 100)),
 }
 #: The decode pricings past the profile that b1_authors measures on the baselines.
@@ -199,7 +199,7 @@ AUTHORS_SWEEPS = {
 AUTHORS_QUICK_SWEEPS = {
     "vllm": ("paper_policy=vllm", "batch_limit=100,1000"),
     "sarathi": ("paper_policy=sarathi", "batch_limit=500"),
-    "wait": ("paper_policy=wait", "batch_limit=500"),
+    "wait_authors": ("paper_policy=wait_authors", "batch_limit=500"),
     "nested_authors": ("paper_policy=nested_authors", "batch_limit=500"),
     **{f"pricing_{mode}_vllm": ("paper_policy=vllm", "batch_limit=1000",
                                 f"timing.beyond_profile={mode}") for mode in PRICING_MODES}}

@@ -9,6 +9,8 @@ step). :func:`oracle_of` maps a production policy to its oracle twin.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from policies.fcfs import FCFSLookahead
@@ -359,3 +361,119 @@ ORACLES = {FCFSLookahead: OracleFCFS, MCSF: OracleMCSF, AlphaProtection: OracleP
 def oracle_of(policy):
     """The oracle twin of a built-in compiled policy."""
     return ORACLES[type(policy)](policy)
+
+
+# ------------------------------------------- WAIT, Nested WAIT: the WAIT authors' options
+def oracle_authors_wait(types, batch_limit):
+    """The WAIT authors' per-type in-flight limits and thresholds, stated as their scheduler
+    computes them: ``L_j = (w_j / sum w) B`` with ``w_j = rate_j (o_j + 1)``, ``n_j =
+    int(max(L_j / (o_j + 1), 1))``."""
+    weight = [float(t["rate"]) * (float(t["output_len"]) + 1) for t in types]
+    total = sum(weight)
+    limits = [w / total * float(batch_limit) for w in weight]
+    n = [int(max(limit / (float(t["output_len"]) + 1), 1))
+         for limit, t in zip(limits, types, strict=True)]
+    return np.array(limits), np.array(n, dtype=np.int64)
+
+
+def oracle_authors_nested(types, batch_limit):
+    """The WAIT authors' Nested WAIT segments and thresholds, as their scheduler computes
+    them: the first segment has ``1 + d_1`` stages, the next ``d_i - d_(i-1)``; weight =
+    stages x the rate of the types with output above the previous ``d``."""
+    decodes = sorted({int(t["output_len"]) for t in types})
+    segments = [(1 + decodes[0], sum(float(t["rate"]) for t in types))]
+    for i in range(1, len(decodes)):
+        segments.append((decodes[i] - decodes[i - 1],
+                         sum(float(t["rate"]) for t in types
+                             if int(t["output_len"]) > decodes[i - 1])))
+    total = sum(count * rate for count, rate in segments)
+    n = [int(max(float(batch_limit) * (count * rate / total) / count, 1))
+         for count, rate in segments]
+    edges = np.cumsum([0] + [count for count, _ in segments])
+    return edges, np.array(n, dtype=np.int64)
+
+
+class OracleWaitOptions(OracleWait):
+    """WAIT with the authors' options (``in_flight_limit``, ``readiness``, ``force_clear``,
+    ``thresholds: authors``); the paper's rule is :class:`OracleWait`'s."""
+
+    def __init__(self, policy: Wait) -> None:
+        p = copy.copy(policy)
+        self.limits = None
+        if policy.thresholds == "authors" or policy.in_flight_limit == "per_type":
+            self.limits, authors_n = oracle_authors_wait(policy.types, policy.batch_limit)
+            if policy.thresholds == "authors" and policy.n is None:
+                p.per_stage = authors_n
+        super().__init__(p)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p = self.p
+        if (p.in_flight_limit, p.readiness, p.force_clear) == ("per_stage", "own_type", False):
+            return super().decide(view)
+        waiting, running = view.waiting, view.running
+        per_stage = p.per_stage
+        wait_type, run_type = view.type_id[waiting], view.type_id[running]
+        if p.in_flight_limit == "per_type":
+            in_flight = np.bincount(run_type, minlength=per_stage.size)
+            need = np.minimum(per_stage, np.trunc(self.limits - in_flight).astype(np.int64))
+            take = np.maximum(need, 0)
+        else:
+            need = take = per_stage
+        ready = np.bincount(wait_type, minlength=per_stage.size) >= need
+        if not view.more_arrivals:
+            if not p.force_clear:
+                ready[:] = True
+            elif not ready.any():
+                return Batch(advance=_EMPTY, drop=np.concatenate((waiting, running)))
+        elif p.max_wait is not None:
+            cutoff = view.now - p.max_wait
+            ready[np.unique(wait_type[view.arrival[waiting] < cutoff])] = True
+            ready[np.unique(run_type[view.arrival[running] < cutoff])] = True
+        if p.readiness == "any_type" and ready.any():
+            ready[:] = True
+        if not ready.any():
+            return Batch(advance=_EMPTY)
+        start = waiting[ready[wait_type]]
+        start = start[first_per_group(view.type_id[start], take[view.type_id[start]])]
+        if p.in_flight_limit == "per_type":
+            advance = None if ready.all() else np.sort(running[ready[run_type]])
+            return Batch(start=start, advance=advance)
+        active = np.sort(running[ready[run_type]])
+        active_type = view.type_id[active]
+        stage_key = active_type * int(p.output_len.max() + 1) + view.generated[active]
+        return Batch(start=start, advance=active[first_per_group(stage_key,
+                                                                  per_stage[active_type])])
+
+
+class OracleNestedWaitOptions(OracleNestedWait):
+    """Nested WAIT with the authors' options (``thresholds: authors``, ``force_clear``); the
+    paper's rule, and theirs before the last arrival, is :class:`OracleNestedWait`'s."""
+
+    def __init__(self, policy: NestedWait) -> None:
+        p = copy.copy(policy)
+        if policy.thresholds == "authors":
+            p.edges, authors_n = oracle_authors_nested(policy.types, policy.batch_limit)
+            if policy.n is None:
+                p.per_stage = authors_n
+        super().__init__(p)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p = self.p
+        if not p.force_clear or view.more_arrivals:
+            return super().decide(view)
+        waiting, running = view.waiting, view.running
+        stage = view.generated[running]
+        inner = p.edges[1:-1]
+        segment = np.searchsorted(inner, stage, side="right")  # b_(i-1) <= stage < b_i
+        entry = np.concatenate(([waiting.size], [np.count_nonzero(stage == b) for b in inner]))
+        is_open = entry >= p.per_stage  # each segment on its own
+        if not is_open.any():
+            return Batch(advance=_EMPTY, drop=np.concatenate((waiting, running)))
+        active = np.sort(running[is_open[segment]])
+        active_segment = np.searchsorted(inner, view.generated[active], side="right")
+        keep = first_per_group(view.generated[active], p.per_stage[active_segment])
+        start = waiting[: p.per_stage[0]] if is_open[0] else _EMPTY
+        return Batch(start=start, advance=active[keep])
+
+
+ORACLES.update({Wait: OracleWaitOptions, NestedWait: OracleNestedWaitOptions})
