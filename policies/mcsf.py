@@ -76,7 +76,7 @@ def mcsf_decide(s, rule):
         for i in range(rule.ints[LENGTH]):
             rule.marks[rule.ids[i]] = False
         rule.ints[LENGTH] = 0
-        return start_admissible(s, rule, rule.ids, 0)
+        return start_admissible(s, rule, rule.ids, np.int64(0))
     return start_admissible(s, rule, rule.ids, keep_order(s, rule))
 
 

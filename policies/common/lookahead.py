@@ -187,7 +187,8 @@ def start_admissible(s, rule, candidates, n_cand):
         for k in range(reach):
             cached[k] = cached_blocks(s, candidates[k]) * s.block
     s.n_start = admissible_count(
-        candidates, n_cand, s.capacity, s.block, s.kv_held, True, s.prompt_len, s.prefill_len,
+        candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
+        s.prefill_len,
         s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch, s.scratch2,
         s.scratch3, rule.ints[0:1], s.iteration, cached, s.cache_on)
     if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + s.prefill_len[candidates[0]]

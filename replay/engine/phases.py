@@ -110,7 +110,7 @@ def _release_turns(s):
             s.next_key += 1
         note_joined(s, rid)
         s.scratch[0] = rid
-        queue_append(s, s.scratch, 1)
+        queue_append(s, s.scratch, np.int64(1))
         s.released += 1
     s.next_arrival = next_turn_time(s)
 
@@ -325,7 +325,7 @@ def _grow_log(s):
         s.log_cache = cache
 
 
-@jit
+@jit(inline="always")
 def log_row(s, start, duration, batch, started, prefill, decode, peak, after, completed,
             evicted, failed):
     """One row of the iteration log (:data:`replay.engine.results.ITERATION_COLUMNS`)."""
@@ -699,7 +699,7 @@ def run_stretch(s, timing, price_batch, price_decodes, room, decode_only):
             return
         s.steps += 1
         n_finished, _ = execute(s, duration, kv_peak, prefill_total, n_decode, only_decodes,
-                                gain_total, new_blocks, 0)
+                                gain_total, new_blocks, np.int64(0))
         if n_finished:
             return
 

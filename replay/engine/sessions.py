@@ -16,14 +16,14 @@ import numpy as np
 from replay.engine.jit import jit
 
 
-@jit
+@jit(inline="always")
 def _before(s, i, j):
     """Heap order: earlier time first, then the earlier workload row."""
     ti, tj = s.heap_time[i], s.heap_time[j]
     return ti < tj or (ti == tj and s.heap_id[i] < s.heap_id[j])
 
 
-@jit
+@jit(inline="always")
 def _swap(s, i, j):
     s.heap_time[i], s.heap_time[j] = s.heap_time[j], s.heap_time[i]
     s.heap_id[i], s.heap_id[j] = s.heap_id[j], s.heap_id[i]
