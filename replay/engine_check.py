@@ -521,6 +521,11 @@ def check(log_dir: Path, timing: str = "layer_profile", profile_dir: str | None 
     overrides = overrides_for(run, timing, profile_dir, hardware, extra)
     cfg = compose_config(overrides)
     result, timing_record = replay(run, cfg)
+    measured_on = (timing_record.get("measured") or {}).get("hardware")
+    if measured_on and cfg.hardware.get("profile_name") and _normalised(
+            measured_on) != _normalised(cfg.hardware.profile_name):
+        print(f"warning: the profile was measured on {measured_on}, the run on "
+              f"{cfg.hardware.profile_name}", file=sys.stderr)
     if result.status != "completed":
         raise InputError(f"the replay of {log_dir} did not complete ({result.status}: "
                          f"{result.message})")
