@@ -314,12 +314,12 @@ def overrides_for(run: LoggedRun, timing: str, profile_dir: str | None = None,
     return overrides + list(extra)
 
 
-def replay(run: LoggedRun, cfg: DictConfig) -> tuple[RunResult, dict]:
-    """``run``'s requests replayed under ``cfg``'s policy, timing and KV, and the timing
-    backend's record."""
+def replay(run: LoggedRun, cfg: DictConfig, policy=None, timing=None) -> tuple[RunResult, dict]:
+    """``run``'s requests replayed under ``cfg``'s policy, timing and KV (or the ``policy``
+    and ``timing`` given, built from it), and the timing backend's record."""
     kv = instantiate(cfg.kv)
-    timing = instantiate(cfg.timing)
-    policy = instantiate(cfg.policy)
+    timing = instantiate(cfg.timing) if timing is None else timing
+    policy = instantiate(cfg.policy) if policy is None else policy
     r = run.requests
     requests = Requests(r["input_toks"].to_numpy(), r["output_toks"].to_numpy(),
                         arrival=r["arrival"].to_numpy(float))
@@ -514,13 +514,17 @@ def plot_series(theirs: pd.DataFrame | None, ours: pd.DataFrame, title: str, out
 
 # ------------------------------------------------------------------------ the check
 def check(log_dir: Path, timing: str = "layer_profile", profile_dir: str | None = None,
-          hardware: str | None = None, extra=(), out: Path | None = None) -> dict:
+          hardware: str | None = None, extra=(), out: Path | None = None,
+          components=None) -> dict:
     """Replay the run in ``log_dir`` and compare (see the module docstring). Returns the
-    record written to ``summary.json``, with the comparison table under ``table``."""
+    record written to ``summary.json``, with the comparison table under ``table``.
+    ``components(cfg) -> (policy, timing)`` replaces the config's policy and timing backend
+    (a study that varies how they work)."""
     run = read_run(log_dir)
     overrides = overrides_for(run, timing, profile_dir, hardware, extra)
     cfg = compose_config(overrides)
-    result, timing_record = replay(run, cfg)
+    policy, backend = components(cfg) if components is not None else (None, None)
+    result, timing_record = replay(run, cfg, policy, backend)
     measured_on = (timing_record.get("measured") or {}).get("hardware")
     if measured_on and cfg.hardware.get("profile_name") and _normalised(
             measured_on) != _normalised(cfg.hardware.profile_name):
