@@ -178,17 +178,19 @@ def step_prices(shapes, first, second) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------ the peer
-def peer_errors(folder: Path) -> dict[str, tuple[float, float]] | None:
-    """``key -> (vLLM ms, Sim ms)`` from ``validation/summary.txt``, or None without one."""
+def peer_errors(folder: Path) -> dict[str, tuple[float, float, float]] | None:
+    """``key -> (vLLM ms, Sim ms, Diff %)`` as ``validation/summary.txt`` prints them, or
+    None without one."""
     path = folder / "validation" / "summary.txt"
     if not path.is_file():
         return None
     rows = {}
     for line in path.read_text().splitlines():
-        match = re.match(r"(TTFT|TPOT|Latency) (Mean|Median|P90|P95|P99)\s+([-\d.]+)\s+([-\d.]+)",
-                         line)
+        match = re.match(r"(TTFT|TPOT|Latency) (Mean|Median|P90|P95|P99)"
+                         r"\s+([-\d.]+)\s+([-\d.]+)\s+([-+\d.]+)%", line)
         if match:
-            rows[f"{match[1].lower()}_{match[2].lower()}"] = (float(match[3]), float(match[4]))
+            rows[f"{match[1].lower()}_{match[2].lower()}"] = (
+                float(match[3]), float(match[4]), float(match[5]))
     return rows or None
 
 
@@ -197,10 +199,9 @@ def error_table(checks: list[dict], peer) -> pd.DataFrame:
     """One log's metrics: vLLM, the peer's and each timing's kvsched value and error."""
     first = pd.DataFrame(checks[0]["table"])
     table = pd.DataFrame({"metric": first["metric"], "vLLM (ms)": first["vllm"]})
-    if peer is not None:
-        sim = np.array([peer[k][1] for k in first["key"]])
-        table["LLMServingSim (ms)"] = sim
-        table["LLMServingSim diff %"] = (sim - first["vllm"]) / first["vllm"] * 100
+    if peer is not None:  # as the peer published them (its Diff% from unrounded values)
+        table["LLMServingSim (ms)"] = [peer[k][1] for k in first["key"]]
+        table["LLMServingSim diff %"] = [peer[k][2] for k in first["key"]]
     for check in checks:
         rows = pd.DataFrame(check["table"])
         table[f"kvsched {check['timing']} (ms)"] = rows["kvsched"]
