@@ -445,10 +445,14 @@ def log_series(run: LoggedRun, offset: float) -> pd.DataFrame | None:
         return None
     r = run.requests
     t = series["t"].to_numpy(float) - offset
+    kv = (series["kv_cache_pct"].to_numpy(float) if "kv_cache_pct" in series.columns
+          else np.full(len(series), np.nan))
+    if not kv.any() and series["running"].to_numpy().any():
+        # Zero KV use while requests run: the column was not recorded (older versions of the
+        # peer's stat logger wrote 0 throughout).
+        kv = np.full(len(series), np.nan)
     out = pd.DataFrame({"t": t, "running": series["running"].to_numpy(),
-                        "waiting": series["waiting"].to_numpy(),
-                        "kv_pct": series["kv_cache_pct"].to_numpy(float)
-                        if "kv_cache_pct" in series.columns else np.nan})
+                        "waiting": series["waiting"].to_numpy(), "kv_pct": kv})
     if not r["scheduled"].isna().any():
         unscheduled = _unscheduled(r["arrival"].to_numpy(), r["scheduled"].to_numpy(), t)
         out["preempted_waiting"] = np.maximum(out["waiting"].to_numpy() - unscheduled, 0)
@@ -573,10 +577,14 @@ def check(log_dir: Path, timing: str = "layer_profile", profile_dir: str | None 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.engine_check",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("log_dir", type=Path, metavar="LOG_DIR")
-    parser.add_argument("--timing", default="layer_profile", choices=TIMINGS)
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.engine_check",
+        description="Replay a real vLLM run with policy=vllm_v1 and compare TTFT, TPOT and "
+                    "latency with its log (docs/reproducing/engine.md).")
+    parser.add_argument("log_dir", type=Path, metavar="LOG_DIR",
+                        help="a run folder holding vllm/requests.jsonl and vllm/meta.json")
+    parser.add_argument("--timing", default="layer_profile", choices=TIMINGS,
+                        help="the timing source (default: layer_profile)")
     parser.add_argument("--profile-dir", default=None, metavar="DIR",
                         help="a model's per-layer profile folder <gpu>/<org>/<model> "
                              "(layer_profile; default: the data directory's for the run's GPU)")
@@ -584,7 +592,9 @@ def main(argv=None) -> None:
                         help="a configs/hardware option (default: from the GPU the run records)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a further config override (repeatable), e.g. to vary one factor")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where the files go (default: outputs/engine_check/"
+                             "<gpu>-<model>-<timing>)")
     args = parser.parse_args(argv)
     record = run_or_exit(check, args.log_dir, args.timing, args.profile_dir, args.hardware,
                          args.set, args.out)

@@ -91,6 +91,19 @@ def test_the_logs_clocks_are_aligned_by_the_waiting_requests():
     assert engine_check.clock_offset(run) == pytest.approx(0.5, abs=0.1)
 
 
+def test_a_kv_column_of_zeros_while_requests_run_was_not_recorded():
+    requests = pd.DataFrame({"arrival": [0.0, 0.5], "scheduled": [0.1, 0.6]})
+    series = pd.DataFrame({"t": [1.0, 2.0], "running": [2, 1], "waiting": [0, 0],
+                           "kv_cache_pct": [0.0, 0.0]})
+    run = engine_check.LoggedRun(
+        folder=None, requests=requests, anchor="queued_ts", model="m", tensor_parallel=1,
+        max_num_seqs=1, max_num_batched_tokens=1, kv_blocks=None, block_size=None,
+        gpu_memory_utilization=None, gpu=None, files=[], timeseries=series)
+    assert engine_check.log_series(run, 0.0)["kv_pct"].isna().all()
+    series["kv_cache_pct"] = [40.0, 20.0]
+    assert engine_check.log_series(run, 0.0)["kv_pct"].tolist() == [40.0, 20.0]
+
+
 # ------------------------------------------------------------------------- bad input
 def copy_log(tmp_path, gpu: str = "RTX4090", lines: int = 3, edit=None, meta_edit=None):
     source = log_dir(gpu)

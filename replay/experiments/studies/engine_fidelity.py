@@ -315,8 +315,9 @@ def run_study(cfg: DictConfig, out_dir: Path, log_root: str, checks: dict,
     for name, factor in settings["factors"].items():
         log, timing = factor["log"], factor["timing"]
         record = run(log, timing, name, factor.get("set") or (), factor.get("variant"))
-        change = factor.get("variant") or " ".join(factor.get("set") or ())
-        rows.append(_factor_row(log, timing, f"{name} ({change})", record))
+        overrides = " ".join(factor.get("set") or ())
+        rows.append(_factor_row(log, timing, f"{name} ({overrides})" if overrides else name,
+                                record))
     factor_table = pd.DataFrame(rows)
     figures.append(plot_factors(factor_table, out_dir / "e1_factors.png"))
     # two timing sources on the same steps
