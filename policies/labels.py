@@ -11,7 +11,7 @@ from collections.abc import Mapping
 NAMES = {"MCSF": "MC-SF", "FCFSLookahead": "FCFS (MC-Benchmark)", "SortedLP": "Sorted-LP",
          "LPSwap": "LP-Swap", "Wait": "WAIT", "NestedWait": "Nested WAIT",
          "VLLMLike": "vLLM-like", "SarathiLike": "Sarathi-like",
-         "PaperFCFS": "FCFS (WAIT paper)"}
+         "PaperFCFS": "FCFS (WAIT paper)", "VLLMV1": "vLLM v1"}
 
 
 def policy_label(policy_cfg: Mapping) -> str:

@@ -221,5 +221,8 @@ def sweep_table(jobs: dict[str, dict]) -> pd.DataFrame:
             "mean latency": s.get("mean_latency"), "p99 latency": s.get("p99_latency"),
             f"requests/{'round' if s.get('time_unit') == 'rounds' else 's'}":
                 s.get("throughput_requests_per_s"),
+            # with metrics.slo set: the share of requests meeting it, and goodput
+            **({"SLO attainment": s["slo_attainment"],
+                "goodput/s": s.get("goodput_requests_per_s")} if "slo_attainment" in s else {}),
         })
     return pd.DataFrame(rows).round(4)

@@ -18,7 +18,11 @@ and draw their figures from it (:func:`runs_under`).
         WHERE status = 'completed' GROUP BY 1"
 
 ``policy`` is the policy's label (``MC-SF``, ``alpha-protection (0.25)``); the class path
-is ``config.policy._target_``.
+is ``config.policy._target_``. Runs with ``metrics.slo`` set have ``slo_attainment``,
+``goodput_requests_per_s`` and the objectives (``slo.ttft_ms``, ``slo.tpot_ms``), e.g.::
+
+    python -m replay.results query "SELECT \"config.arrivals.rate\", slo_attainment,
+        goodput_requests_per_s FROM runs ORDER BY 1"
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from replay.storage.outputs import atomic_write
 
 DEFAULT_TABLE = Path("outputs/results.parquet")
 #: Nested summary records flattened into columns (the rest stay out of the table).
-FLATTENED = ("policy_info", "prediction", "timing", "packages", "kv", "fluid", "dropped_rows")
+FLATTENED = ("policy_info", "prediction", "timing", "packages", "kv", "fluid", "dropped_rows",
+             "slo")
 #: The name of a results table kept beside the runs it holds.
 TABLE_NAME = "results.parquet"
 

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from replay.config import register_resolvers
 from replay.engine.loop import Engine, RunResult
-from replay.engine.metrics import summarize
+from replay.engine.metrics import SLO, summarize
 from replay.engine.requests import RequestError, Requests
 from replay.errors import ConfigError, LimitError
 from replay.fluid.model import TypeMix, equilibrium, linear_coefficients, stability_boundary
@@ -205,10 +205,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         return read_summary(out_dir / "summary.json")
     if reason != "no finished run here":
         log.info("recomputing %s: %s", out_dir, reason)
+    slo = SLO.of((cfg.get("metrics") or {}).get("slo"))
     started = time.perf_counter()
     result, requests, timing_info = build_and_run(cfg)
     wall = time.perf_counter() - started
-    summary = summarize(result)
+    summary = summarize(result, slo)
     summary.update({
         "wall_time_s": wall,
         "loop_time_s": result.loop_time_s,   # the engine's step loop only (no setup, no output)

@@ -26,6 +26,7 @@ from policies.paper_fcfs import PaperFCFS
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
+from policies.vllm_v1 import VLLMV1
 from policies.wait import Wait
 from replay.engine.kv import explicit
 from replay.engine.loop import Engine
@@ -43,6 +44,10 @@ TYPES = [{"prompt_len": 4, "output_len": 8, "rate": 1.0},
 POLICIES = {
     "vllm": lambda: VLLMLike(EvictLIFO(), max_num_seqs=8, max_num_batched_tokens=200),
     "sarathi": lambda: SarathiLike(EvictLIFO(), chunk_size=16, max_num_seqs=8),
+    "vllm_v1": lambda: VLLMV1(EvictLIFO(), max_num_seqs=4, max_num_batched_tokens=16),
+    "vllm_v1_threshold": lambda: VLLMV1(EvictLIFO(), max_num_batched_tokens=24,
+                                        long_prefill_token_threshold=5,
+                                        reserve_full_isl=False, reserved_blocks=0),
     "sarathi_reserve": lambda: SarathiLike(EvictLIFO(), chunk_size=16, reserve_prompt=True),
     "sarathi_watermark": lambda: SarathiLike(EvictLIFO(), chunk_size=16, watermark=0.2),
     "fcfs": lambda: FCFSLookahead(EvictLIFO()),

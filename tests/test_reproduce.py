@@ -149,6 +149,24 @@ def test_d2_exact_predictions_make_the_interval_variants_sorted_f(quick):
     assert set(point["sigma"]) == {0, 0.5}
 
 
+def test_e1_puts_the_peers_errors_beside_kvsched_and_each_factor_beside_its_check(quick):
+    outputs, _ = quick("e1")
+    names = {p.name: p for p in outputs}
+    table = pd.read_csv(names["e1_RTXPRO6000.png"].with_suffix(".csv"))
+    assert len(table) == 15 and table["metric"].iloc[0] == "TTFT Mean"
+    assert {"vLLM (ms)", "LLMServingSim (ms)", "LLMServingSim diff %",
+            "kvsched layer_profile (ms)", "kvsched layer_profile diff %"} <= set(table.columns)
+    # the peer's differences are its summary.txt's, against the vLLM values we compute
+    assert table["LLMServingSim diff %"].iloc[:2].tolist() == [-4.0, -8.6]
+    peer = (table["LLMServingSim (ms)"] - table["vLLM (ms)"]) / table["vLLM (ms)"] * 100
+    assert (peer - table["LLMServingSim diff %"]).abs().max() < 0.2
+    factors = pd.read_csv(names["e1_factors.png"].with_suffix(".csv"))
+    assert factors["change"].tolist() == ["none (the check)",
+                                          "no_admission_gate (policy.reserve_full_isl=false)"]
+    series = pd.read_csv(names["e1_RTXPRO6000_layer_profile_series.png"].with_suffix(".csv"))
+    assert {"t", "kvsched_running", "vllm_running", "vllm_waiting"} <= set(series.columns)
+
+
 def test_progress_counts_summaries_even_when_parallel_jobs_share_a_line(monkeypatch):
     from replay import reproduce
 

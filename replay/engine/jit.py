@@ -45,6 +45,7 @@ JIT_SOURCES = (
     "policies/common/staging.py", "policies/fcfs.py", "policies/mcsf.py",
     "policies/protection.py", "policies/paper_fcfs.py", "policies/vllm.py",
     "policies/sarathi.py", "policies/wait.py", "policies/nested_wait.py", "policies/lpm.py",
+    "policies/vllm_v1.py",
 )
 _ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -2,12 +2,76 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import numpy as np
+import pandas as pd
 
 from replay.engine.loop import RunResult
+from replay.errors import ConfigError
 
 
-def summarize(result: RunResult) -> dict:
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives per request (``metrics.slo`` in the config), in milliseconds
+    of the run's clock: a request meets them when it completed, its TTFT is at most
+    ``ttft_ms`` and its TPOT (mean time per output token after the first) at most
+    ``tpot_ms``. ``None`` leaves that objective out (a request with one output token has
+    no TPOT and meets a TPOT objective)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("ttft_ms", "tpot_ms"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, int | float) or not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"metrics.slo.{key}={value!r} is not allowed: it must be a "
+                                  f"number of milliseconds > 0, or null (no objective)")
+
+    @classmethod
+    def of(cls, node: Mapping | None) -> SLO | None:
+        """The objectives of a ``metrics.slo`` node; ``None`` when it sets none."""
+        node = dict(node or {})
+        unknown = sorted(set(node) - {"ttft_ms", "tpot_ms"})
+        if unknown:
+            raise ConfigError(f"metrics.slo.{unknown[0]} is not an objective (there are "
+                              f"metrics.slo.ttft_ms and metrics.slo.tpot_ms)")
+        slo = cls(node.get("ttft_ms"), node.get("tpot_ms"))
+        return None if slo.ttft_ms is None and slo.tpot_ms is None else slo
+
+    def met(self, requests: pd.DataFrame) -> pd.DataFrame:
+        """Per request (rows of a request table): whether it meets each objective and both."""
+        done = requests["completed"].to_numpy(bool)
+        ttft = requests["ttft"].to_numpy(float) * 1e3
+        tpot = requests["tbt_mean"].to_numpy(float) * 1e3
+        ttft_ok = done & (ttft <= self.ttft_ms if self.ttft_ms is not None else True)
+        # A request with one output token has no TPOT (NaN): it meets a TPOT objective.
+        tpot_ok = done & (~(tpot > self.tpot_ms) if self.tpot_ms is not None else True)
+        return pd.DataFrame({"meets_ttft": ttft_ok, "meets_tpot": tpot_ok,
+                             "meets_slo": ttft_ok & tpot_ok}, index=requests.index)
+
+
+def slo_summary(requests: pd.DataFrame, makespan: float, slo: SLO) -> dict:
+    """SLO attainment (the share of all requests meeting the objectives: an unfinished or
+    dropped request misses them) and goodput (requests meeting both per unit of time)."""
+    met = slo.met(requests)
+    n = len(requests)
+
+    def share(column: str) -> float | None:
+        return float(met[column].sum()) / n if n else None
+
+    good = int(met["meets_slo"].sum())
+    return {"slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+            "slo_attainment": share("meets_slo"), "slo_ttft_attainment": share("meets_ttft"),
+            "slo_tpot_attainment": share("meets_tpot"), "n_slo_met": good,
+            "goodput_requests_per_s": good / makespan if makespan > 0 else None}
+
+
+def summarize(result: RunResult, slo: SLO | None = None) -> dict:
     """The headline numbers of MODEL.md §1 (latencies over completed requests).
 
     ``makespan`` is the end of the last executed iteration (the clock starts at
@@ -22,6 +86,9 @@ def summarize(result: RunResult) -> dict:
     discarded by a ``restart`` preemption included, and under ``recompute`` the
     stall across a preemption included (the user waits for it). ``p99_tbt`` is
     exact to the histogram's 0.1 % bin width; mean and max are exact.
+
+    With ``slo`` (:class:`SLO`) the summary adds its attainment and goodput
+    (:func:`slo_summary`).
     """
     req, it = result.requests, result.iterations
     done = req[req["completed"]]
@@ -37,7 +104,7 @@ def summarize(result: RunResult) -> dict:
     # Time per output token of each completed request after its first (vLLM's TPOT).
     tpot = done["tbt_mean"].dropna().to_numpy()
 
-    return {
+    summary = {
         "status": result.status,
         "message": result.message,
         # Metrics of an unfinished run cover only the requests completed before it ended.
@@ -79,6 +146,9 @@ def summarize(result: RunResult) -> dict:
         "preemption": result.preemption,
         "requeue": result.requeue,
     }
+    if slo is not None:
+        summary.update(slo_summary(req, makespan, slo))
+    return summary
 
 
 def prefix_cache_summary(totals: dict | None) -> dict | None:

@@ -65,7 +65,8 @@ CAVEATS = (
 
 #: The paper series: the results page of each (``docs/results/<page>.md``) and its title.
 SERIES = {"a": ("mcsf", "A: MC-SF"), "b": ("wait", "B: WAIT and fluid"),
-          "c": ("sorted-f", "C: Sorted-F"), "d": ("harness", "D: harness checks")}
+          "c": ("sorted-f", "C: Sorted-F"), "d": ("harness", "D: harness checks"),
+          "e": ("engine", "E: a real engine")}
 
 #: What ``python -m replay.crosscheck`` writes beside its tables: commit, date, packages.
 CROSSCHECK_PROVENANCE = "provenance.json"

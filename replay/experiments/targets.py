@@ -362,4 +362,11 @@ TARGETS: dict[str, Target] = {
         ("experiment=b1_authors",), quick=VIDUR_QUICK, needs_data=True,
         sweeps=AUTHORS_SWEEPS, quick_sweeps=AUTHORS_QUICK_SWEEPS,
         figures=(authors.figures,)),
+    "e1": Target(
+        "E1: vLLM 0.19's V1 scheduler (policy=vllm_v1) replaying two real vLLM 0.19 runs of "
+        "Llama-3.1-8B (RTX 4090, memory-bound; RTX PRO 6000, bound by max_num_seqs) with the "
+        "per-layer profiles measured on those GPUs and NVIDIA's kernel tables, beside the peer "
+        "simulator's published errors; the factors behind the differences, one at a time",
+        ("experiment=e1_engine_check",), quick=("study.quick=true",), multirun=False,
+        figures=(study_figures,), needs_data=True),
 }

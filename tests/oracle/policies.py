@@ -20,6 +20,7 @@ from policies.paper_fcfs import PaperFCFS
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
 from policies.vllm import VLLMLike
+from policies.vllm_v1 import VLLMV1
 from policies.wait import Wait
 from replay.engine.overflow import ClearAll, ClearEachWithProb, EvictLIFO
 from replay.engine.policy import Batch, PolicyView
@@ -477,3 +478,74 @@ class OracleNestedWaitOptions(OracleNestedWait):
 
 
 ORACLES.update({Wait: OracleWaitOptions, NestedWait: OracleNestedWaitOptions})
+
+
+class OracleVLLMV1:
+    """vLLM 0.19's V1 ``schedule()`` stated over Python lists: the running list served
+    first, preempting from its tail, then the waiting list while no request was preempted."""
+
+    def __init__(self, policy: VLLMV1) -> None:
+        self.p, self.overflow = policy, oracle_overflow(policy.overflow)
+
+    def decide(self, view: PolicyView) -> Batch:
+        p, block = self.p, view.kv_block_size
+        running = view.running.tolist()
+        free = (view.kv_capacity // block - p.reserved_blocks
+                - int(blocks(view.held[view.running], block).sum()))
+        budget = p.max_num_batched_tokens
+
+        def remaining(rid):
+            return int(view.prefill_len[rid] - view.prefilled[rid])
+
+        def tokens(rid):
+            wanted = remaining(rid) or 1
+            if 0 < p.long_prefill_token_threshold < wanted:
+                wanted = p.long_prefill_token_threshold
+            return min(wanted, budget)
+
+        def blocks_for(rid, n):
+            held = int(view.held[rid])
+            gain = 1 if remaining(rid) == 0 else n + (n == remaining(rid))
+            return blocks(held + gain, block) - blocks(held, block)
+
+        scheduled, preempted, chunks = [], [], {}
+        for rid in list(running):
+            if budget <= 0 or rid not in running:
+                break
+            n = tokens(rid)
+            need = blocks_for(rid, n)
+            while need > free:
+                victim = running.pop()
+                preempted.append(victim)
+                free += blocks(int(view.held[victim]), block)
+                if victim == rid:
+                    break
+            if preempted and preempted[-1] == rid:
+                break
+            scheduled.append(rid)
+            if n < remaining(rid):
+                chunks[rid] = n
+            free -= need
+            budget -= n
+        started = []
+        if not preempted:
+            for rid in view.waiting.tolist():
+                if budget <= 0 or len(running) + len(started) >= p.max_num_seqs:
+                    break
+                n = tokens(rid)
+                if p.reserve_full_isl and blocks(int(view.prefill_len[rid]), block) > free:
+                    break
+                need = blocks_for(rid, n)
+                if need > free:
+                    break
+                started.append(rid)
+                if n < remaining(rid):
+                    chunks[rid] = n
+                free -= need
+                budget -= n
+        return Batch(start=np.array(started, dtype=np.int64),
+                     advance=np.array(scheduled, dtype=np.int64),
+                     preempt=np.array(preempted, dtype=np.int64), prefill_chunks=chunks or None)
+
+
+ORACLES[VLLMV1] = OracleVLLMV1
