@@ -36,7 +36,12 @@ from policies.common.serving import check_serving_limits, preempt_latest_until_f
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import OverflowRule, RunSetup
-from replay.engine.prefix_cache import blocks_taken, cached_blocks
+from replay.engine.prefix_cache import (
+    blocks_freed_by,
+    blocks_taken,
+    cached_blocks,
+    free_among_hits,
+)
 from replay.engine.rules import CompiledPolicy
 from replay.engine.state import new_rule_state
 from replay.params import check
@@ -141,7 +146,7 @@ def sarathi_decide(s, rule):
         victim = prefilling[n_prefilling]
         s.preempt[n_preempt] = victim
         n_preempt += 1
-        free += blocks(held[victim], block)
+        free += blocks_freed_by(s, victim) if s.cache_on else blocks(held[victim], block)
         budget, free = _continue_prefill(s, prefilling[0], budget, free, reserve)
     watermark = params[WATERMARK]
     seats = params[MAX_SEQS] - n_kept
@@ -153,16 +158,20 @@ def sarathi_decide(s, rule):
             break
         floor = 0 if n_kept + n_start == 0 else watermark
         cached = cached_blocks(s, rid)
+        # hits on free cache entries take those out of the free blocks
+        taken = free_among_hits(s, rid, cached) if cached else 0
         skip = cached * block
         if reserve:
-            needed = blocks(prefill_len[rid] + 1, block) - cached
+            needed = blocks(prefill_len[rid] + 1, block) - cached + taken
             if free - needed < floor:
                 break
             chunk = _chunk_within(s, rid, skip, 0, False, budget)
             if chunk > 0:
                 free -= needed
         else:
-            chunk = _chunk_within(s, rid, skip, free - floor, True, budget)
+            chunk = _chunk_within(s, rid, skip, free - floor - taken, True, budget)
+            if chunk > 0:
+                free -= taken
         if chunk <= 0:
             break
         budget, free = _take(s, rid, skip, chunk, budget, free, reserve)

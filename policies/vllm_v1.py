@@ -31,8 +31,14 @@ request holds one slot more than vLLM has allocated for it once its prefill has 
 token (the engine counts the sampled token's slot when it is emitted, vLLM when the token is
 fed back one step later), so a request crosses a block boundary one token earlier than in
 vLLM. ``reserved_blocks`` (1 by default) are kept out of the capacity, as vLLM's block pool
-keeps its null block out of the free list. Where vLLM does more than this (prefix caching,
-async scheduling, speculative decoding, ...) see docs/policies/serving.md.
+keeps its null block out of the free list.
+
+With the engine's prefix cache on (``kv.prefix_cache=block_hash``), the free blocks are
+vLLM's: the blocks no request holds, free cache entries included (reclaimable, as in
+vLLM's free queue). A request admitted skips the tokens of its leading blocks found cached,
+and a hit on a free entry takes that entry from the free blocks; a preempted request frees
+only the blocks no other request shares. Where vLLM does more than this (async scheduling,
+speculative decoding, ...) see docs/policies/serving.md.
 """
 
 from __future__ import annotations
@@ -46,6 +52,12 @@ from policies.common.serving import check_serving_limits
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import OverflowRule, RunSetup
+from replay.engine.prefix_cache import (
+    blocks_freed_by,
+    blocks_taken,
+    cached_blocks,
+    free_among_hits,
+)
 from replay.engine.rules import CompiledPolicy
 from replay.engine.state import new_rule_state
 from replay.errors import ConfigError
@@ -79,9 +91,12 @@ def vllm_v1_decide(s, rule):
     params, block = rule.ints, s.block
     running, held = s.running, s.held
     prefill_len, prefilled = s.prefill_len, s.prefilled
-    used = 0
-    for k in range(s.n_run):
-        used += blocks(held[running[k]], block)
+    if s.cache_on:  # free cache entries are free blocks to vLLM (it reclaims them)
+        used = blocks_taken(s)
+    else:
+        used = 0
+        for k in range(s.n_run):
+            used += blocks(held[running[k]], block)
     free = s.capacity // block - params[RESERVED] - used
     budget = params[MAX_TOKENS]
     threshold = params[THRESHOLD]
@@ -101,7 +116,7 @@ def vllm_v1_decide(s, rule):
             victim = running[n_live]
             s.preempt[n_preempt] = victim
             n_preempt += 1
-            free += blocks(held[victim], block)
+            free += blocks_freed_by(s, victim) if s.cache_on else blocks(held[victim], block)
             if victim == rid:
                 itself = True
                 break
@@ -122,11 +137,16 @@ def vllm_v1_decide(s, rule):
         queue, q = s.queue, s.qhead
         while q < s.qtail and budget > 0 and n_start < seats:
             rid = queue[q]
-            remaining = prefill_len[rid] - prefilled[rid]
+            # its leading blocks found in the prefix cache are computed already; those that
+            # were free entries leave the free pool
+            hits = cached_blocks(s, rid)
+            taken = free_among_hits(s, rid, hits) if hits else 0
+            skip = hits * block
+            remaining = prefill_len[rid] - prefilled[rid] - skip
             tokens = _tokens_this_step(remaining, budget, threshold)
-            if params[FULL_ISL] and blocks(prefill_len[rid], block) > free:
+            if params[FULL_ISL] and blocks(prefill_len[rid], block) - hits + taken > free:
                 break
-            needed = _new_blocks(held[rid], tokens, remaining, block)
+            needed = _new_blocks(held[rid] + skip, tokens, remaining, block) + taken
             if needed > free:
                 break
             s.start[n_start] = rid

@@ -42,7 +42,7 @@ from replay.storage.outputs import atomic_write
 DEFAULT_TABLE = Path("outputs/results.parquet")
 #: Nested summary records flattened into columns (the rest stay out of the table).
 FLATTENED = ("policy_info", "prediction", "timing", "packages", "kv", "fluid", "dropped_rows",
-             "slo")
+             "slo", "engine_path", "prefix_cache")
 #: The name of a results table kept beside the runs it holds.
 TABLE_NAME = "results.parquet"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.fcfs import FCFSLookahead
+from policies.lpm import LongestPrefixMatch
 from policies.mcsf import MCSF
 from policies.nested_wait import NestedWait
 from policies.paper_fcfs import PaperFCFS
@@ -159,6 +161,51 @@ def test_the_engine_gives_the_oracles_results(policy, timing, workload):
     requests, kv, options = workload
     assert_identical(*engine_and_oracle(requests, POLICIES[policy], TIMINGS[timing], kv,
                                         livelock_window=500, **options))
+
+
+@st.composite
+def prefix_workloads(draw, max_n: int = 12):
+    """Requests whose prompts share prefixes: each belongs to one of three families and
+    shares a random number of its family's leading content ids (one per block, or per two
+    blocks); the rest of its prompt is its own."""
+    block = draw(st.sampled_from([2, 4]))
+    unit = block * draw(st.sampled_from([1, 2]))
+    kv = block * draw(st.integers(12, 60))
+    n = draw(st.integers(1, max_n))
+    s = np.array(draw(st.lists(st.integers(block, kv // 2), min_size=n, max_size=n)))
+    o = np.array([draw(st.integers(1, min(kv - si, 3 * block))) for si in s])
+    arrival = np.array(draw(st.lists(st.integers(0, 20), min_size=n, max_size=n)), dtype=float)
+    ids, offsets = [], [0]
+    for i in range(n):
+        family = draw(st.integers(0, 2))
+        shared = draw(st.integers(0, -(-int(s[i]) // unit)))
+        ids += [1000 * family + k for k in range(shared)]
+        offsets.append(len(ids))
+    options = dict(preemption=draw(st.sampled_from(["restart", "recompute"])),
+                   requeue=draw(st.sampled_from(["front", "back"])),
+                   max_running=draw(st.sampled_from([None, 3])),
+                   fast_forward=draw(st.booleans()))
+    cache = replace(explicit(kv, block), prefix_cache="block_hash",
+                    cache_eviction=draw(st.sampled_from(["lru", "fifo"])))
+    types = np.array(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)))
+    return Requests(s, o, arrival=arrival, type_id=types, block_ids=np.array(ids, np.int64),
+                    block_offsets=np.array(offsets, np.int64), block_unit=unit), cache, options
+
+
+CACHE_POLICIES = {**POLICIES, "lpm": lambda: LongestPrefixMatch(
+    EvictLIFO(), max_num_seqs=8, max_num_batched_tokens=200, window=3)}
+
+
+@pytest.mark.parametrize("timing", ["unit", "linear"])
+@pytest.mark.parametrize("policy", CACHE_POLICIES)
+@settings(max_examples=15, deadline=None)
+@given(workload=prefix_workloads())
+def test_the_engine_gives_the_oracles_results_with_the_prefix_cache(policy, timing, workload):
+    requests, kv, options = workload
+    result, reference = engine_and_oracle(requests, CACHE_POLICIES[policy], TIMINGS[timing],
+                                          kv, livelock_window=500, **options)
+    assert_identical(result, reference)
+    assert result.prefix_cache == reference.prefix_cache
 
 
 # ------------------------------------------------------------------ whole configs

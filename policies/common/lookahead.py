@@ -12,12 +12,13 @@ chunks counts as if its prompt were in KV: conservative) and a candidate's
 ``prefill_len``; ``remaining`` is its (estimated) iterations left, at least one (a request
 that has generated its estimate is assumed to need one more).
 
-With the prefix cache, a candidate's base leaves out the prompt tokens it finds cached: they
-are shared blocks, held already (by a running request or by the cache itself, which counts
-against ``M`` on its own). The check then bounds the memory the batch adds, not the memory
-each request will hold alone: a request whose shared prefix outlives the requests that
-shared it holds those blocks by itself, which the check did not count; the engine's KV
-check and overflow rule catch what the plan misses.
+With the prefix cache, a candidate's base leaves out the prompt tokens it finds in blocks
+a running request holds already (a hit on a free cache entry counts in the base: the
+entry is reclaimable memory until the candidate takes it). The check then bounds the
+memory the batch adds, not the memory each request will hold alone: a request whose
+shared prefix outlives the requests that shared it holds those blocks by itself, which the
+check did not count; the engine's KV check and overflow rule catch what the plan misses
+(docs/model.md, "The prefix cache").
 
 The rules are compiled functions (the step loop calls them inside FCFS's and MC-SF's
 decisions); :func:`peak_kv`, :func:`running_profile`, :func:`remaining_iterations` and
@@ -32,7 +33,7 @@ import numpy as np
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import PolicyView
-from replay.engine.prefix_cache import cached_blocks
+from replay.engine.prefix_cache import cached_blocks, free_among_hits
 from replay.engine.sorting import stable_argsort
 
 
@@ -182,10 +183,13 @@ def start_admissible(s, rule, candidates, n_cand):
     nothing waits or the first candidate cannot join the KV held now, that stays so until
     a request arrives or completes: the decision promises it (``steady``)."""
     cached = s.scratch4
-    if s.cache_on:  # the prompt tokens each candidate the check can reach finds cached
+    if s.cache_on:  # the prompt tokens each candidate the check can reach finds held already
         reach = min(n_cand, max(0, (s.capacity - s.kv_held) // 2) + 1)
         for k in range(reach):
-            cached[k] = cached_blocks(s, candidates[k]) * s.block
+            hits = cached_blocks(s, candidates[k])
+            if hits:  # a hit on a free entry is memory the batch takes
+                hits -= free_among_hits(s, candidates[k], hits)
+            cached[k] = hits * s.block
     s.n_start = admissible_count(
         candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
         s.prefill_len,

@@ -2,14 +2,15 @@
 order, its prefill-first admission, and the checks of their limits.
 
 With the prefix cache (``kv.prefix_cache=block_hash``) a waiting request's blocks found in
-the cache cost neither KV nor prefill tokens: they are shared, already computed.
+the cache cost no prefill tokens (they are computed already) and no new KV, except that a
+hit on a free cache entry takes that entry out of the free blocks (as vLLM counts it).
 """
 
 from __future__ import annotations
 
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
-from replay.engine.prefix_cache import blocks_taken, cached_blocks
+from replay.engine.prefix_cache import blocks_taken, cached_blocks, free_among_hits
 from replay.engine.sorting import stable_argsort
 from replay.errors import ConfigError
 
@@ -77,7 +78,9 @@ def prefill_first(s, rule, candidates, n_candidates):
         watermark = params[WATERMARK]
         s.n_advance = 0
         cached = cached_blocks(s, first)
-        if free - (blocks(prefill_len[first] + 1, block) - cached) < watermark:
+        # hits on free cache entries take those out of the free blocks
+        taken = free_among_hits(s, first, cached) if cached else 0
+        if free - (blocks(prefill_len[first] + 1, block) - cached + taken) < watermark:
             # The first does not fit (most steps of an overloaded run), so no prefix does;
             # the watermark is waived for a lone request.
             if n_run == 0:
@@ -92,8 +95,9 @@ def prefill_first(s, rule, candidates, n_candidates):
                 rid = candidates[k]
                 if k:
                     cached = cached_blocks(s, rid)
+                    taken = free_among_hits(s, rid, cached) if cached else 0
                 prefill += prefill_len[rid] - cached * block
-                needed += blocks(prefill_len[rid] + 1, block) - cached
+                needed += blocks(prefill_len[rid] + 1, block) - cached + taken
                 if prefill > params[MAX_TOKENS] or free - needed < watermark:
                     break
                 s.start[k] = rid

@@ -273,27 +273,29 @@ def ensure_compiled(rules) -> float:
 # --------------------------------------------------------------------------- the engine
 def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
                         kv: KVCapacity) -> dict:
-    """The prefix cache's arrays (:mod:`replay.engine.prefix_cache`): every request's
-    full-block chain hashes (one flat array, in workload order, with each row's start and
-    count, and the same per engine id when ``order`` gives the ids before the run), and the
-    empty table and entries (at most one entry per block of ``M``). A turn of a session
-    that has a next turn also knows the hashes of the blocks its answer fills: the next
-    turn's prompt starts with them. Empty arrays with the cache off."""
+    """The prefix cache's arrays (:mod:`replay.engine.prefix_cache`): the chain hashes of
+    every request's full blocks, its answer's included (a request preempted and admitted
+    again finds what it held still cached, as in vLLM), in one flat array in workload
+    order with each row's start and count (and the same per engine id when ``order`` gives
+    the ids before the run); and the empty table and entries (at most one entry per block
+    of ``M``). A session turn's answer blocks carry the hashes of the next turn's prompt at
+    those positions: the next prompt starts with that answer. Empty arrays with the cache
+    off."""
     names = ("hashes", "hash_start", "hash_count", "w_hash_start", "w_hash_count", "n_ref",
              "hit_blocks", "cached_tokens", "cache_table", "entry_hash", "entry_ref",
-             "entry_prev", "entry_next", "entry_seq", "entry_stack")
+             "entry_prev", "entry_next", "entry_seq", "entry_stack", "entry_pin")
     if kv.prefix_cache == "none":
         return {name: np.zeros(0, dtype=np.int64) for name in names}
     block, n = kv.block_size, len(requests)
-    hashes, offsets = requests.block_hashes(block)
+    hashes, offsets = requests.block_hashes(block, with_output=True)
     lists = [hashes[offsets[w]:offsets[w + 1]] for w in range(n)]
     if requests.predecessor is not None:
-        answer_end = (requests.prompt_len + requests.output_len) // block
+        prompt_blocks = requests.prompt_len // block
         for w, before in enumerate(requests.predecessor.tolist()):
             if before >= 0:  # the previous turn's answer is the start of this turn's prompt
-                own = lists[before]
+                asked, answered = int(prompt_blocks[before]), lists[before].size
                 lists[before] = np.concatenate(
-                    (own, lists[w][own.size:max(own.size, int(answer_end[before]))]))
+                    (lists[before][:asked], lists[w][asked:answered]))
     counts = np.array([part.size for part in lists], dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     entries = kv.tokens // block + 1
@@ -309,7 +311,7 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
         entry_hash=np.zeros(entries, dtype=np.int64), entry_ref=np.zeros(entries, np.int64),
         entry_prev=np.full(entries, -1, dtype=np.int64),
         entry_next=np.full(entries, -1, dtype=np.int64),
-        entry_seq=np.zeros(entries, dtype=np.int64),
+        entry_seq=np.zeros(entries, dtype=np.int64), entry_pin=np.zeros(entries, np.int64),
         entry_stack=np.arange(entries - 1, -1, -1, dtype=np.int64))
     return {name: np.ascontiguousarray(arrays[name], dtype=np.int64) for name in names}
 
@@ -504,6 +506,7 @@ class Engine:
             cache_on=kv.prefix_cache != "none", cache_rule=CACHE_EVICTIONS.index(
                 kv.cache_eviction), n_entry_stack=a["entry_stack"].size, cache_entries=0,
             cache_free=0, shared_refs=0, free_head=-1, free_tail=-1, entry_counter=0,
+            pin_stamp=0, pinned_free=0,
             step_hit_tokens=0, cache_reclaimed=0, cache_hit_blocks=0, cache_lookup_blocks=0,
             cache_hit_tokens=0, cache_prompt_tokens=0, dynamic=self.dynamic, next_first=0,
             heap_size=0,

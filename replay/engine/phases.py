@@ -31,7 +31,10 @@ from replay.engine.prefix_cache import (
     blocks_in_use,
     insert_full_blocks,
     lookup_hits,
+    new_pins,
+    pin_hits,
     reclaim,
+    reclaimable,
     release,
 )
 from replay.engine.sessions import arrive, later_turns, next_turn_time, turn_completed
@@ -404,10 +407,14 @@ def apply_decision(s):
         for i in range(m):
             members[i] = advance[i]
     start = s.start
+    if s.cache_on:
+        new_pins(s)
     for i in range(n_start):
         members[m + i] = start[i]
         if s.cache_on:
-            s.hit_blocks[start[i]] = lookup_hits(s, start[i])
+            hits = lookup_hits(s, start[i])
+            s.hit_blocks[start[i]] = hits
+            pin_hits(s, start[i], hits)
     s.m = m + n_start
     return n_evicted, n_start == requested
 
@@ -502,7 +509,7 @@ def make_room(s, kv_peak):
     if not s.cache_on or kv_peak <= s.capacity:
         return kv_peak
     needed = -(-(kv_peak - s.capacity) // s.block)
-    if needed > s.cache_free:
+    if needed > reclaimable(s):
         return kv_peak
     reclaim(s, needed)
     return kv_peak - needed * s.block
@@ -679,13 +686,16 @@ def run_stretch(s, timing, price_batch, price_decodes, room, decode_only):
     or until a step has completed a request. Results are those of the step loop (the
     engine defines a kept promise to change nothing but speed)."""
     s.n_start = 0  # the batch's admissions run now: they repeat as members, not as starts
-    if decode_only:
-        done, go_on = _decode_stretch(s, timing, price_decodes, room)
-        if not go_on:
-            return
-        room -= done
     chunk_of, prefill_len, prefilled, members = s.chunk_of, s.prefill_len, s.prefilled, s.members
-    for _ in range(room):
+    while room > 0:
+        if decode_only:  # O(1) steps up to one the step-by-step path must take
+            done, go_on = _decode_stretch(s, timing, price_decodes, room)
+            if not go_on:
+                return
+            room -= done
+            if room == 0:
+                return
+        room -= 1
         if s.now >= s.next_arrival or stop_reason(s):
             return
         for i in range(s.m):  # a chunk that is its prompt's last emits: the batch changes
@@ -709,18 +719,22 @@ def _decode_stretch(s, timing, price_decodes, room):
     """The stretch of a batch of decodes, each step priced in O(1) from the context sum and
     maximum and every member's tokens written once at the end, up to (not including) the
     step that completes a request. Returns ``(steps done, whether the stretch goes on step
-    by step)``: it does where the O(1) price had no answer, and for the completing step."""
+    by step)``: it does where the O(1) price had no answer, for the completing step and,
+    with the prefix cache on, for a step that fills a block the cache keeps."""
     m, members = s.m, s.members
     output_len, generated, held = s.output_len, s.generated, s.held
     completing = output_len[members[0]] - generated[members[0]]
     context_sum = 0
     context_max = 0
+    block, capacity = s.block, s.capacity
+    caching = room  # steps before the first that fills a block of known content
     for i in range(m):
         rid = members[i]
         completing = min(completing, output_len[rid] - generated[rid])
         context_sum += held[rid]
         context_max = max(context_max, held[rid])
-    block, capacity = s.block, s.capacity
+        if s.cache_on and held[rid] // block < s.hash_count[rid]:
+            caching = min(caching, block - 1 - held[rid] % block)
     growth = np.zeros(block, dtype=np.int64)  # members by held % block
     if block > 1:
         for i in range(m):
@@ -731,7 +745,7 @@ def _decode_stretch(s, timing, price_decodes, room):
     now = s.now
     go_on = False
     while done < room:
-        if done == completing - 1:
+        if done == completing - 1 or done == caching:
             go_on = True
             break
         if now >= s.next_arrival or stop_reason(s):
@@ -767,6 +781,4 @@ def _decode_stretch(s, timing, price_decodes, room):
             held[rid] += done
             last_token_time[rid] = now
             max_token_gap[rid] = np.fmax(max_token_gap[rid], longest)
-        if s.cache_on:
-            _cache_full_blocks(s)
     return done, go_on

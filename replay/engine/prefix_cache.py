@@ -24,6 +24,7 @@ references. With the cache off nothing here runs and every count is zero.
 from __future__ import annotations
 
 from replay.engine.jit import jit
+from replay.engine.paging import blocks
 
 #: ``EngineState.cache_rule``: which free entry a reclaim takes first.
 LRU, FIFO = 0, 1
@@ -169,9 +170,11 @@ def insert_full_blocks(s, rid):
 @jit
 def release(s, rid):
     """``rid`` stops referencing its entries (it completed, was evicted or dropped); those no
-    one references any more stay cached, free."""
+    one references any more stay cached, free. Its last block is released first, as vLLM
+    frees a request's blocks in reverse: a reclaim takes a prefix's tail before its head,
+    whose loss would strand every block after it."""
     start = s.hash_start[rid]
-    for k in range(s.n_ref[rid]):
+    for k in range(s.n_ref[rid] - 1, -1, -1):
         entry = find(s, s.hashes[start + k])
         s.entry_ref[entry] -= 1
         if s.entry_ref[entry] == 0:
@@ -204,12 +207,42 @@ def _remove(s, entry):
 
 
 @jit
+def new_pins(s):
+    """A new step: no entry is pinned."""
+    s.pin_stamp += 1
+    s.pinned_free = 0
+
+
+@jit
+def pin_hits(s, rid, hits):
+    """``rid`` starts this step with its first ``hits`` blocks from the cache: no reclaim of
+    this step may take them (it takes its references only once the step executes)."""
+    start, stamp = s.hash_start[rid], s.pin_stamp
+    for k in range(hits):
+        entry = find(s, s.hashes[start + k])
+        if s.entry_pin[entry] != stamp:
+            s.entry_pin[entry] = stamp
+            if s.entry_ref[entry] == 0:
+                s.pinned_free += 1
+
+
+@jit
+def reclaimable(s):
+    """Free entries a reclaim of this step may take: the unpinned ones."""
+    return s.cache_free - s.pinned_free
+
+
+@jit
 def reclaim(s, k):
-    """Free ``k`` unreferenced entries for memory, in the cache's reclaim order."""
+    """Free ``k`` unpinned unreferenced entries for memory, in the cache's reclaim order."""
+    entry = s.free_head
     for _ in range(k):
-        entry = s.free_head
+        while s.entry_pin[entry] == s.pin_stamp:
+            entry = s.entry_next[entry]
+        following = s.entry_next[entry]
         _unlink(s, entry)
         _remove(s, entry)
+        entry = following
     s.cache_reclaimed += k
 
 
@@ -227,3 +260,30 @@ def blocks_taken(s):
     """Blocks the running requests occupy, each shared block once, free cache entries not
     counted (a policy may plan with those: the engine reclaims them when it needs room)."""
     return s.blocks_held - s.shared_refs + s.cache_entries - s.cache_free
+
+
+@jit
+def free_among_hits(s, rid, hits):
+    """How many of ``rid``'s first ``hits`` cached blocks are free entries: admitting it takes
+    them out of the blocks a policy may allocate (as vLLM counts a hit on a block in its free
+    queue as a block allocated). Counted per request: two admissions of one decision that
+    find the same free entry count it twice, a block more than vLLM would."""
+    start, n = s.hash_start[rid], 0
+    for k in range(hits):
+        if s.entry_ref[find(s, s.hashes[start + k])] == 0:
+            n += 1
+    return n
+
+
+@jit
+def blocks_freed_by(s, rid):
+    """Blocks that preempting running ``rid`` gives back to what a policy may allocate: its
+    own, and the entries no other request references (they stay cached, free). An entry two
+    victims of one decision share counts for neither (the count does not follow the
+    decision's earlier victims): at most a few blocks fewer than vLLM would count."""
+    start = s.hash_start[rid]
+    n = blocks(s.held[rid], s.block) - s.n_ref[rid]
+    for k in range(s.n_ref[rid]):
+        if s.entry_ref[find(s, s.hashes[start + k])] == 1:
+            n += 1
+    return n

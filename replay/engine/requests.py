@@ -242,10 +242,14 @@ class Requests:
     def with_arrivals(self, arrival: np.ndarray) -> Requests:
         return replace(self, arrival=np.asarray(arrival, dtype=np.float64))
 
-    def block_hashes(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def block_hashes(self, block_size: int,
+                     with_output: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """:func:`prefix_block_hashes` of these requests for KV blocks of ``block_size``
-        tokens (without content ids, every block is its own request's)."""
-        return prefix_block_hashes(self.prompt_len, self.block_ids, self.block_offsets,
+        tokens (without content ids, every block is its own request's). ``with_output``:
+        the full blocks of the whole sequence, the answer's tokens being the request's own,
+        as an engine's cache holds them once generated."""
+        length = self.prompt_len + self.output_len if with_output else self.prompt_len
+        return prefix_block_hashes(length, self.block_ids, self.block_offsets,
                                    self.block_unit or block_size, block_size)
 
     def ids_of(self, i: int) -> np.ndarray:

@@ -111,6 +111,9 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     ("entry_next", I8), ("entry_seq", I8), ("entry_stack", I8), ("n_entry_stack", int),
     ("cache_entries", int), ("cache_free", int), ("shared_refs", int), ("free_head", int),
     ("free_tail", int), ("entry_counter", int), ("step_hit_tokens", int),
+    # the step each entry was last pinned in (an admission of that step found it: no reclaim
+    # may take it), this step's stamp and how many free entries it pinned
+    ("entry_pin", I8), ("pin_stamp", int), ("pinned_free", int),
     # -- the prefix cache's totals: reclaimed entries, blocks found and looked up at
     # admissions, tokens taken from the cache and prompt tokens admitted; and its log
     # columns (tokens taken from the cache by the iteration's admissions, entries after it)

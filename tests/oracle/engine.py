@@ -26,6 +26,7 @@ from replay.engine.requests import Requests
 from replay.engine.results import ITERATION_COLUMNS, ITERATION_DTYPES, RunResult
 from replay.engine.timing import BatchShape, TimingBackend
 from tests.oracle.policies import blocks
+from tests.oracle.prefix_cache import OraclePrefixCache
 from tests.oracle.waiting import WaitingQueue
 
 FUTURE, WAITING, RUNNING, DONE, DROPPED = 0, 1, 2, 3, 4
@@ -33,6 +34,14 @@ FUTURE, WAITING, RUNNING, DONE, DROPPED = 0, 1, 2, 3, 4
 HEARTBEAT_S = 30.0
 log = logging.getLogger(__name__)
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(slots=True)
+class OracleView(PolicyView):
+    """The policy's view, with the oracle's prefix cache for the oracle policies (None with
+    it off)."""
+
+    cache: OraclePrefixCache | None = None
 
 
 class DecisionError(RuntimeError):
@@ -157,6 +166,16 @@ class Engine:
         # Decode-only shapes are slices of these (a batch never exceeds the trace).
         self._ones = _sealed(np.ones(n, dtype=np.int64))
         self._no_prefill = _sealed(np.zeros(n, dtype=bool))
+        self.cache = None
+        self.cached_tokens = np.zeros(n, dtype=np.int64)  # taken by the last admission
+        if kv.prefix_cache != "none":
+            if requests.predecessor is not None:
+                raise ValueError("the oracle has no sessions")
+            hashes, offsets = requests.block_hashes(kv.block_size, with_output=True)
+            self.cache = OraclePrefixCache(
+                [hashes[offsets[w]:offsets[w + 1]] for w in self.order.tolist()],
+                kv.block_size, kv.cache_eviction)
+        self.hits: dict[int, int] = {}  # this step's admissions' cached blocks
 
     # ------------------------------------------------------------------ helpers
     def _check_ids(self, ids, expected: int, what: str) -> np.ndarray:
@@ -211,6 +230,9 @@ class Engine:
         # updates at a fraction of the cost of one-element arrays.
         index = int(victims[0]) if victims.size == 1 else victims
         freed = int(self.held[index].sum())
+        if self.cache is not None:
+            for rid in victims.tolist():
+                self.cache.release(rid)
         self.status[index] = WAITING
         self.prefilled[index] = 0
         if self.preemption == "restart":
@@ -252,6 +274,8 @@ class Engine:
             rid = int(finished[0])
             self.completion_time[rid] = end
             self.status[rid] = DONE
+            if self.cache is not None:
+                self.cache.release(rid)
             held = int(self.held[rid])
             self.kv_held -= held
             if self.kv.block_size > 1:
@@ -261,6 +285,9 @@ class Engine:
             return
         self.completion_time[finished] = end
         self.status[finished] = DONE
+        if self.cache is not None:
+            for rid in finished.tolist():
+                self.cache.release(rid)
         held = self.held[finished]
         self.kv_held -= int(held.sum())
         if self.kv.block_size > 1:
@@ -347,10 +374,12 @@ class Engine:
             self._execute(step)
         loop_time = time.perf_counter() - loop_started
         self._bar.close()
-        return RunResult(status, message, self._request_table(), _frame(self._log), self.kv,
+        iterations = _frame(self._log, self.cache is not None)
+        return RunResult(status, message, self._request_table(), iterations, self.kv,
                          self.livelock_window, self.decision_time, self.preemption,
                          self.requeue, self.token_gaps, timing_time_s=self.timing_time,
-                         loop_time_s=loop_time, decisions=self.decisions, dropped=self.dropped)
+                         loop_time_s=loop_time, decisions=self.decisions, dropped=self.dropped,
+                         prefix_cache=self.cache.summary() if self.cache is not None else None)
 
     def _heartbeat(self) -> None:
         """Say where a long replay is (the progress bar is off by default)."""
@@ -366,7 +395,7 @@ class Engine:
         block = self.kv.block_size
         self.queue, self.running, self.kv_held = WaitingQueue(), _sealed(_EMPTY.copy()), 0
         self.blocks_held = 0  # with paging (block > 1): KV blocks the running requests occupy
-        self.view = PolicyView(
+        self.view = OracleView(
             kv_capacity=self.kv.tokens, arrival=_frozen(self.arrival),
             prompt_len=_frozen(self.prompt_len),
             predicted_output=_frozen(self.predicted_output),
@@ -374,7 +403,11 @@ class Engine:
             type_id=_frozen(self.type_id), prefilled=_frozen(self.prefilled),
             generated=_frozen(self.generated), held=_frozen(self.held),
             start_iteration=_frozen(self.start_iteration), rng=self.policy_rng,
-            kv_block_size=block, prefill_len=_frozen(self.prefill_len))
+            kv_block_size=block, prefill_len=_frozen(self.prefill_len), cache=self.cache)
+        if self.cache is not None:
+            self.view.prefix_lookup = lambda ids: np.array(
+                [self.cache.hits(r, int(self.prefill_len[r])) * block for r in ids.tolist()],
+                dtype=np.int64)
         self._log = []
         self.now, self.released, self.next_arrival = 0.0, 0, np.inf
         self.iteration = self.steps = self.idle_steps = self.completed = self.decisions = 0
@@ -442,6 +475,12 @@ class Engine:
             chunks = {rid: tokens for rid, tokens in chunks.items() if rid not in cut}
         advance = (self.running if batch.advance is None
                    else self._check_ids(batch.advance, RUNNING, "advance"))
+        if self.cache is not None:  # what the admissions find cached, kept from reclaims
+            self.cache.unpin()
+            self.hits = {rid: self.cache.hits(rid, int(self.prefill_len[rid]))
+                         for rid in start.tolist()}
+            for rid, hits in self.hits.items():
+                self.cache.pin(rid, hits)
         members = np.concatenate((advance, start)) if start.size else advance
         return _Step(batch, members, start, started_all, chunks, n_evicted)
 
@@ -450,6 +489,12 @@ class Engine:
         members, block = step.members, self.kv.block_size
         held_before = self.held[members]
         remaining_prompt = self.prefill_len[members] - self.prefilled[members]
+        if self.cache is not None and step.start.size:
+            # an admission's cached blocks are context, not computed
+            skip = np.array([self.hits[rid] * block for rid in step.start.tolist()])
+            held_before = held_before.copy()
+            held_before[members.size - skip.size:] += skip
+            remaining_prompt[members.size - skip.size:] -= skip
         chunk = self._prefill_chunks(step.chunks, members, remaining_prompt)
         prefill_total = int(chunk.sum())
         if prefill_total == 0:
@@ -478,6 +523,13 @@ class Engine:
                 new_blocks = int((blocks(held_before + gain, block)
                                   - blocks(held_before, block)).sum())
             kv_peak = (self.blocks_held + new_blocks) * block
+        if self.cache is not None:
+            kv_peak = (self._physical_blocks() + new_blocks) * block
+            if kv_peak > self.kv.tokens:  # free entries make room, if enough of them
+                needed = -(-(kv_peak - self.kv.tokens) // block)
+                if needed <= self.cache.reclaimable():
+                    self.cache.reclaim(needed)
+                    kv_peak -= needed * block
         step.chunk, step.prefill_total, step.emits, step.gain = chunk, prefill_total, emits, gain
         step.gain_total, step.n_decode, step.duration = gain_total, n_decode, duration
         step.kv_peak, step.new_blocks = kv_peak, new_blocks
@@ -499,14 +551,26 @@ class Engine:
                                 f"a request that holds no KV in this batch")
         step.n_evicted += self._evict(victims)
         self._log.append((self.now, step.duration, members.size, start.size, step.prefill_total,
-                          step.n_decode, int(step.kv_peak), self.kv_held, 0, step.n_evicted,
-                          True))
+                          step.n_decode, int(step.kv_peak), self._kv_after(), 0, step.n_evicted,
+                          True, *self._cache_columns(0)))
         self.now += step.duration
         self.idle_steps += 1
 
     # -- phase 4b: execution: admissions, progress, token times, completions, the log row
     def _execute(self, step: _Step) -> None:
         start, members, emits, now = step.start, step.members, step.emits, self.now
+        hit_tokens = 0
+        if self.cache is not None:
+            for rid in start.tolist():  # admissions take their cached blocks
+                hits, prefill_len = self.hits[rid], int(self.prefill_len[rid])
+                self.cache.admit(rid, hits, prefill_len)
+                tokens = hits * self.kv.block_size
+                self.prefilled[rid] += tokens
+                self.held[rid] += tokens
+                self.kv_held += tokens
+                self.blocks_held += hits
+                self.cached_tokens[rid] = tokens
+                hit_tokens += tokens
         if start.size:
             self.status[start] = RUNNING
             self.start_iteration[start] = self.iteration
@@ -526,6 +590,9 @@ class Engine:
         self.kv_held += step.gain_total
         if self.kv.block_size > 1:
             self.blocks_held += step.new_blocks
+        if self.cache is not None:
+            for rid in members.tolist():
+                self.cache.insert_full(rid, int(self.held[rid]))
         tokens = self.generated[emitters]
         if emits is None:
             later = emitters  # decoding means the prompt's last chunk emitted token 1 before
@@ -545,16 +612,34 @@ class Engine:
         else:
             self.idle_steps += 1
         self._log.append((now, step.duration, members.size, start.size, step.prefill_total,
-                          step.n_decode, int(step.kv_peak), self.kv_held, finished.size,
-                          step.n_evicted, False))
+                          step.n_decode, int(step.kv_peak), self._kv_after(), finished.size,
+                          step.n_evicted, False, *self._cache_columns(hit_tokens)))
         self.now = end
         self.iteration += 1
         step.finished, step.emitters = int(finished.size), int(emitters.size)
+
+    def _physical_blocks(self) -> int:
+        return self.cache.physical(self.held[self.running], self.running)
+
+    def _kv_after(self) -> int:
+        """The log's KV after a step: slots held, or with the prefix cache the blocks in
+        use (entries included), in slots."""
+        if self.cache is None:
+            return self.kv_held
+        return self._physical_blocks() * self.kv.block_size
+
+    def _cache_columns(self, hit_tokens: int) -> tuple:
+        if self.cache is None:
+            return ()
+        return hit_tokens, len(self.cache.entries)
 
     def _drop(self, ids: np.ndarray) -> None:
         """The policy drops ``ids`` (waiting or running): they never complete."""
         ids = ids[np.isin(self.status[ids], (WAITING, RUNNING))]
         running = ids[self.status[ids] == RUNNING]
+        if self.cache is not None:
+            for rid in running.tolist():
+                self.cache.release(rid)
         self.kv_held -= int(self.held[running].sum())
         if self.kv.block_size > 1:
             self.blocks_held -= int(blocks(self.held[running], self.kv.block_size).sum())
@@ -598,11 +683,14 @@ class Engine:
                 table["completed"] & (table["output_len"] > 1),
                 (table["completion"] - table["first_token"]) / (table["output_len"] - 1), np.nan)
         table["tbt_max"] = self.max_token_gap[back]
+        if self.cache is not None:
+            table["cached_tokens"] = self.cached_tokens[back]
         return table
 
 
-def _frame(rows: list[tuple]) -> pd.DataFrame:
-    """The iteration table from its rows."""
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(ITERATION_COLUMNS)
-    return pd.DataFrame({name: np.array(values, dtype=ITERATION_DTYPES[name])
-                         for name, values in zip(ITERATION_COLUMNS, columns, strict=True)})
+def _frame(rows: list[tuple], cache: bool) -> pd.DataFrame:
+    """The iteration table from its rows (with the prefix cache's two columns last)."""
+    names = ITERATION_COLUMNS + (["cached_tokens", "cache_blocks"] if cache else [])
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
+    return pd.DataFrame({name: np.array(values, dtype=ITERATION_DTYPES.get(name, np.int64))
+                         for name, values in zip(names, columns, strict=True)})

@@ -14,6 +14,7 @@ import copy
 import numpy as np
 
 from policies.fcfs import FCFSLookahead
+from policies.lpm import LongestPrefixMatch
 from policies.mcsf import MCSF
 from policies.nested_wait import NestedWait
 from policies.paper_fcfs import PaperFCFS
@@ -77,16 +78,46 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block: int) -> int:
     return best
 
 
+def cache_hits(view: PolicyView, rid: int) -> tuple[int, int]:
+    """Waiting ``rid``'s blocks found in the prefix cache, and how many of those are free
+    entries (that admitting it takes out of the free memory); zeros with the cache off."""
+    cache = getattr(view, "cache", None)
+    if cache is None:
+        return 0, 0
+    hits = cache.hits(rid, int(view.prefill_len[rid]))
+    return hits, cache.free_among_hits(rid, hits)
+
+
+def free_blocks(view: PolicyView, capacity: int) -> int:
+    """Blocks a serving policy may still allocate: shared blocks once, free cache entries
+    as free."""
+    running, block = view.running, view.kv_block_size
+    cache = getattr(view, "cache", None)
+    if cache is None:
+        return capacity - int(blocks(view.held[running], block).sum())
+    return capacity - cache.taken(view.held[running], running)
+
+
+def freed_by(view: PolicyView, rid: int) -> int:
+    """Blocks that preempting running ``rid`` frees for a serving policy."""
+    cache = getattr(view, "cache", None)
+    if cache is None:
+        return int(blocks(int(view.held[rid]), view.kv_block_size))
+    return cache.blocks_freed_by(rid, int(view.held[rid]))
+
+
 def lookahead_prefix(view: PolicyView, candidates: np.ndarray) -> int:
     """The longest prefix of ``candidates`` that passes the lookahead check beside the
-    running set, walking it and stopping at the first failure."""
+    running set, walking it and stopping at the first failure. A candidate's prompt tokens
+    in cached blocks that running requests hold already are not in its base."""
     run = view.running
     est, gen = view.predicted_output, view.generated
     base = view.prompt_len[run] + gen[run]
     remaining = np.maximum(est[run] - gen[run], 1)
     count = 0
     for rid in candidates:
-        base = np.append(base, view.prefill_len[rid])
+        hits, free = cache_hits(view, int(rid))
+        base = np.append(base, view.prefill_len[rid] - (hits - free) * view.kv_block_size)
         remaining = np.append(remaining, max(int(est[rid]) - int(gen[rid]), 1))
         if peak_kv(base, remaining, view.kv_block_size) > view.kv_capacity:
             break
@@ -159,18 +190,22 @@ class OracleVLLM:
     def __init__(self, policy: VLLMLike) -> None:
         self.p, self.overflow = policy, oracle_overflow(policy.overflow)
 
+    def candidates(self, view: PolicyView) -> np.ndarray:
+        return view.waiting
+
     def decide(self, view: PolicyView) -> Batch:
         p, block = self.p, view.kv_block_size
         capacity = view.kv_capacity // block
         running = view.running
-        free = capacity - int(blocks(view.held[running], block).sum())
-        waiting = view.waiting[: max(0, p.max_num_seqs - running.size)]
+        free = free_blocks(view, capacity)
+        waiting = self.candidates(view)[: max(0, p.max_num_seqs - running.size)]
         if waiting.size:
             if int(view.prefill_len[waiting[0]]) > p.max_num_batched_tokens:
                 raise ConfigError("max_num_batched_tokens below a prefill")
             watermark = int(p.watermark * capacity)
-            prefill = view.prefill_len[waiting]
-            needed = np.cumsum(blocks(prefill + 1, block))
+            hits, taken = np.array([cache_hits(view, int(r)) for r in waiting]).reshape(-1, 2).T
+            prefill = view.prefill_len[waiting] - hits * block
+            needed = np.cumsum(blocks(view.prefill_len[waiting] + 1, block) - hits + taken)
             fits = (np.cumsum(prefill) <= p.max_num_batched_tokens) & (
                 free - needed >= watermark)
             count = int(np.argmin(fits)) if not fits.all() else fits.size
@@ -206,14 +241,18 @@ class OracleSarathi:
         kept, preempted = running[keep], running[~keep]
         remaining, occupied = remaining[keep], occupied[keep]
         decodes, prefilling = kept[remaining == 0], kept[remaining > 0]
-        plan = _ChunkPlan(view, p.chunk_size - decodes.size, capacity - int(occupied.sum()),
-                          p.reserve_prompt)
+        used = int(occupied.sum())
+        cache = getattr(view, "cache", None)
+        if cache is not None:  # shared blocks once: references are cache entries
+            used += (cache.taken(view.held[view.running], view.running)
+                     - int(blocks(view.held[view.running], block).sum()))
+        plan = _ChunkPlan(view, p.chunk_size - decodes.size, capacity - used, p.reserve_prompt)
         for rid in prefilling:
             plan.continue_prefill(int(rid))
         while not plan.chunks and decodes.size == 0 and prefilling.size > 1:
             victim, prefilling = prefilling[-1], prefilling[:-1]
             preempted = np.append(preempted, victim)
-            plan.free += blocks(int(view.held[victim]), block)
+            plan.free += freed_by(view, int(victim))
             plan.continue_prefill(int(prefilling[0]))
         watermark = int(p.watermark * capacity)
         seats = p.max_num_seqs - kept.size
@@ -238,27 +277,27 @@ class _ChunkPlan:
         self.partial: dict[int, int] = {}
         self.started: list[int] = []
 
-    def _chunk(self, rid: int, room_blocks: int | None) -> int:
+    def _chunk(self, rid: int, room_blocks: int | None, skip: int = 0) -> int:
         view = self.view
-        remaining = int(view.prefill_len[rid] - view.prefilled[rid])
+        remaining = int(view.prefill_len[rid] - view.prefilled[rid]) - skip
         chunk = min(remaining, self.budget)
         if room_blocks is not None:
-            held = int(view.held[rid])
+            held = int(view.held[rid]) + skip
             room = room_blocks * self.block + (-held) % self.block
             chunk = min(chunk, room)
             if chunk == remaining and chunk + 1 > room:
                 chunk = room - 1
         return max(chunk, 0)
 
-    def _take(self, rid: int, chunk: int) -> None:
+    def _take(self, rid: int, chunk: int, skip: int = 0) -> None:
         view = self.view
         self.chunks[rid] = chunk
         self.budget -= chunk
-        emits = bool(chunk == view.prefill_len[rid] - view.prefilled[rid])
+        emits = bool(chunk == view.prefill_len[rid] - view.prefilled[rid] - skip)
         if not emits:
             self.partial[rid] = chunk
         if not self.reserve:
-            held = int(view.held[rid])
+            held = int(view.held[rid]) + skip
             self.free -= blocks(held + chunk + emits, self.block) - blocks(held, self.block)
 
     def continue_prefill(self, rid: int) -> None:
@@ -268,18 +307,22 @@ class _ChunkPlan:
 
     def admit(self, rid: int, watermark: int, lone: bool) -> bool:
         floor = 0 if lone else watermark
+        hits, taken = cache_hits(self.view, rid)
+        skip = hits * self.block
         if self.reserve:
-            needed = blocks(int(self.view.prefill_len[rid]) + 1, self.block)
+            needed = blocks(int(self.view.prefill_len[rid]) + 1, self.block) - hits + taken
             if self.free - needed < floor:
                 return False
-            chunk = self._chunk(rid, None)
+            chunk = self._chunk(rid, None, skip)
             if chunk > 0:
                 self.free -= needed
         else:
-            chunk = self._chunk(rid, self.free - floor)
+            chunk = self._chunk(rid, self.free - floor - taken, skip)
+            if chunk > 0:
+                self.free -= taken
         if chunk <= 0:
             return False
-        self._take(rid, chunk)
+        self._take(rid, chunk, skip)
         self.started.append(rid)
         return True
 
@@ -490,22 +533,22 @@ class OracleVLLMV1:
     def decide(self, view: PolicyView) -> Batch:
         p, block = self.p, view.kv_block_size
         running = view.running.tolist()
-        free = (view.kv_capacity // block - p.reserved_blocks
-                - int(blocks(view.held[view.running], block).sum()))
+        free = free_blocks(view, view.kv_capacity // block) - p.reserved_blocks
         budget = p.max_num_batched_tokens
 
-        def remaining(rid):
-            return int(view.prefill_len[rid] - view.prefilled[rid])
+        def remaining(rid, skip=0):  # skip: the prompt tokens an admission finds cached
+            return int(view.prefill_len[rid] - view.prefilled[rid]) - skip
 
-        def tokens(rid):
-            wanted = remaining(rid) or 1
+        def tokens(rid, skip=0):
+            wanted = remaining(rid, skip) or 1
             if 0 < p.long_prefill_token_threshold < wanted:
                 wanted = p.long_prefill_token_threshold
             return min(wanted, budget)
 
-        def blocks_for(rid, n):
-            held = int(view.held[rid])
-            gain = 1 if remaining(rid) == 0 else n + (n == remaining(rid))
+        def blocks_for(rid, n, skip=0):
+            held = int(view.held[rid]) + skip
+            left = remaining(rid, skip)
+            gain = 1 if left == 0 else n + (n == left)
             return blocks(held + gain, block) - blocks(held, block)
 
         scheduled, preempted, chunks = [], [], {}
@@ -517,7 +560,7 @@ class OracleVLLMV1:
             while need > free:
                 victim = running.pop()
                 preempted.append(victim)
-                free += blocks(int(view.held[victim]), block)
+                free += freed_by(view, victim)
                 if victim == rid:
                     break
             if preempted and preempted[-1] == rid:
@@ -532,14 +575,16 @@ class OracleVLLMV1:
             for rid in view.waiting.tolist():
                 if budget <= 0 or len(running) + len(started) >= p.max_num_seqs:
                     break
-                n = tokens(rid)
-                if p.reserve_full_isl and blocks(int(view.prefill_len[rid]), block) > free:
+                hits, taken = cache_hits(view, rid)
+                n = tokens(rid, hits * block)
+                full = blocks(int(view.prefill_len[rid]), block) - hits + taken
+                if p.reserve_full_isl and full > free:
                     break
-                need = blocks_for(rid, n)
+                need = blocks_for(rid, n, hits * block) + taken
                 if need > free:
                     break
                 started.append(rid)
-                if n < remaining(rid):
+                if n < remaining(rid, hits * block):
                     chunks[rid] = n
                 free -= need
                 budget -= n
@@ -549,3 +594,16 @@ class OracleVLLMV1:
 
 
 ORACLES[VLLMV1] = OracleVLLMV1
+
+
+class OracleLPM(OracleVLLM):
+    """Longest prefix match: the window at the queue's head, most cached blocks first (ties
+    in queue order), admitted as vLLM-like admits."""
+
+    def candidates(self, view: PolicyView) -> np.ndarray:
+        window = view.waiting[: self.p.window]
+        hits = np.array([cache_hits(view, int(rid))[0] for rid in window], dtype=np.int64)
+        return window[np.argsort(-hits, kind="stable")]
+
+
+ORACLES[LongestPrefixMatch] = OracleLPM

@@ -1,0 +1,127 @@
+"""The prefix cache on hand-checkable cases: what a hit saves, which free entry a reclaim
+takes, and an admission's own hits kept from a reclaim of the same step.
+
+Blocks hold 4 tokens; a prompt's content ids name its blocks (``block_unit=4``), so two
+prompts with the same leading ids share those full blocks. Unit timing: one step, one unit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from policies.fcfs import FCFSLookahead
+from policies.mcsf import MCSF
+from replay.engine.kv import KVCapacity
+from replay.engine.loop import Engine
+from replay.engine.overflow import EvictLIFO
+from replay.engine.requests import Requests
+from replay.timing.simple import UnitTiming
+from tests.test_oracle import CACHE_POLICIES, prefix_workloads
+
+BLOCK = 4
+
+
+def run(prompt, output, arrival, ids, kv_tokens, cache="block_hash", eviction="lru",
+        policy=FCFSLookahead):
+    """A run of requests whose prompts start with the content ids ``ids[i]``."""
+    offsets = np.cumsum([0] + [len(i) for i in ids])
+    requests = Requests(np.array(prompt), np.array(output), arrival=np.array(arrival, float),
+                        block_ids=np.array([k for i in ids for k in i], np.int64),
+                        block_offsets=offsets.astype(np.int64), block_unit=BLOCK)
+    kv = KVCapacity(tokens=kv_tokens, mode="explicit", block_size=BLOCK, prefix_cache=cache,
+                    cache_eviction=eviction)
+    return Engine(requests, policy(EvictLIFO()), UnitTiming(), kv).run()
+
+
+def step_of(result, request_id):
+    """The iteration row in which ``request_id`` started."""
+    start = result.requests.set_index("request_id").loc[request_id, "start"]
+    return result.iterations[result.iterations["start_time"] == start].iloc[0]
+
+
+def test_a_shared_prefix_is_computed_and_held_once():
+    # A runs 8 decode steps; B arrives while A runs, with A's two leading blocks.
+    args = dict(prompt=[9, 9], output=[8, 1], arrival=[0, 2], ids=[[1, 2], [1, 2]],
+                kv_tokens=64)
+    on, off = run(**args), run(**args, cache="none")
+    b_on, b_off = step_of(on, 1), step_of(off, 1)
+    assert b_off["prefill_tokens"] == 9 and b_on["prefill_tokens"] == 1  # 2 blocks cached
+    assert b_on["cached_tokens"] == 8
+    assert b_off["kv_peak"] - b_on["kv_peak"] == 2 * BLOCK  # B references A's blocks
+    assert on.requests["cached_tokens"].tolist() == [0, 8]
+    assert on.prefix_cache["hit_blocks"] == 2 and on.prefix_cache["lookup_blocks"] == 4
+
+
+def test_a_whole_prompt_in_the_cache_still_computes_its_last_token():
+    # B's 8-token prompt is two full cached blocks: one token is computed anyway, as vLLM.
+    result = run([8, 8], [1, 1], [0, 5], [[1, 2], [1, 2]], kv_tokens=64)
+    assert step_of(result, 1)["prefill_tokens"] == 4  # the second block is looked up no more
+    assert result.requests["cached_tokens"].tolist() == [0, 4]
+
+
+@pytest.mark.parametrize(("eviction", "b_cached"), [("lru", 4), ("fifo", 0)])
+def test_a_reclaim_takes_a_prefix_tail_first_under_lru_and_its_head_under_fifo(eviction,
+                                                                             b_cached):
+    # A (ids 1, 2) leaves two free entries; its tail is freed first, so LRU reclaims the
+    # tail when C needs a block, while FIFO takes the oldest entry, A's head, which breaks
+    # the chain for B (a block is a hit only after every block before it).
+    result = run([9, 5, 9], [1, 1, 1], [0, 3, 10], [[1, 2], [], [1, 2]], kv_tokens=12,
+                 eviction=eviction)
+    assert result.status == "completed"
+    assert result.requests["cached_tokens"].tolist() == [0, 0, b_cached]
+    assert result.prefix_cache["reclaimed_blocks"] >= 1
+
+
+def test_an_admissions_own_hits_are_not_reclaimed_for_the_same_step():
+    # B hits A's two free entries; C, admitted in the same decision, needs a block that only
+    # a reclaim of those entries would give. B's hits are pinned: C waits for B.
+    result = run([9, 9, 3], [1, 1, 1], [0, 5, 5], [[1, 2], [1, 2], [7]], kv_tokens=12)
+    assert result.status == "completed"
+    assert not result.iterations["failed"].any()
+    assert (result.iterations["kv_peak"] <= 12).all()
+    assert result.requests["start"].tolist() == [0.0, 5.0, 6.0]
+    assert result.requests["cached_tokens"].tolist() == [0, 8, 0]
+
+
+def test_with_the_cache_off_nothing_is_cached():
+    result = run([9, 9], [8, 1], [0, 2], [[1, 2], [1, 2]], kv_tokens=64, cache="none")
+    assert result.prefix_cache is None
+    assert "cached_tokens" not in result.iterations
+    assert "cached_tokens" not in result.requests
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mcsf", "vllm", "sarathi", "vllm_v1", "lpm"])
+@settings(max_examples=20, deadline=None)
+@given(workload=prefix_workloads())
+def test_the_cache_keeps_memory_within_capacity_and_frees_every_entry(policy, workload):
+    requests, kv, options = workload
+    result = Engine(requests, CACHE_POLICIES[policy](), UnitTiming(), kv, seed=0,
+                    livelock_window=500, **options).run()
+    executed = result.iterations[~result.iterations["failed"]]
+    assert (executed["kv_after"] <= kv.tokens).all()
+    assert (executed["kv_peak"] <= kv.tokens).all()
+    # a request never takes from the cache all of its prompt: its last token is computed
+    # (one admitted again after a preemption looks up again, its own blocks included)
+    cached = result.requests["cached_tokens"].to_numpy()
+    once = result.requests["evictions"].to_numpy() == 0
+    assert (cached[once] <= requests.prompt_len[once] - 1).all()
+    assert (cached % kv.block_size == 0).all()
+    totals = result.prefix_cache
+    assert totals["hit_blocks"] <= totals["lookup_blocks"]
+    assert totals["entries_at_end"] * kv.block_size <= kv.tokens
+    if result.status == "completed":  # every request released its references
+        assert result.iterations["kv_after"].iloc[-1] == \
+            totals["entries_at_end"] * kv.block_size
+
+
+def test_mcsf_admits_more_with_the_cache_when_memory_binds():
+    # A runs; five more with A's 8-token prefix arrive in 40 tokens of KV. MC-SF's check
+    # leaves the prefix out of their footprints, so more start at once and all finish
+    # sooner than without the cache.
+    args = dict(prompt=[9] * 6, output=[4] * 6, arrival=[0] + [1] * 5, ids=[[1, 2]] * 6,
+                kv_tokens=40, policy=MCSF)
+    on, off = run(**args), run(**args, cache="none")
+    assert on.iterations["batch_size"].iloc[1] == 6 and off.iterations["batch_size"].iloc[1] == 3
+    assert on.iterations["start_time"].iloc[-1] < off.iterations["start_time"].iloc[-1]
