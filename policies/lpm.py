@@ -45,7 +45,12 @@ def lpm_decide(s, rule):
     ranked = stable_argsort(keys, n)
     for i in range(n):
         order[i] = s.queue[s.qhead + ranked[i]]
-    return prefill_first(s, rule, order, n)
+    code = prefill_first(s, rule, order, n)
+    if s.cache_on:
+        # vLLM-like promises while its first candidate stays too big; here a reclaim can
+        # reorder the window and put first one that fits, so there is no promise.
+        s.steady = 0
+    return code
 
 
 @dataclass

@@ -32,13 +32,16 @@ from typing import Literal
 
 import numpy as np
 
-from policies.common.serving import check_serving_limits, preempt_latest_until_fit
+from policies.common.serving import (
+    attribute_to_victims,
+    check_serving_limits,
+    preempt_latest_until_fit,
+)
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import OverflowRule, RunSetup
 from replay.engine.prefix_cache import (
     blocks_freed_by,
-    blocks_taken,
     cached_blocks,
     free_among_hits,
 )
@@ -112,7 +115,8 @@ def sarathi_decide(s, rule):
         else:
             slots = held[rid] + (1 if remaining == 0 else 0)
         occupied[k] = blocks(slots, block)
-    cut = preempt_latest_until_fit(running, occupied, n_run, capacity)
+    shared = attribute_to_victims(s, running, n_run, occupied)
+    cut = preempt_latest_until_fit(running, occupied, n_run, capacity - shared)
     # kept decodes go to advance[:n_decode]; kept prefills (in order) to prefilling
     advance, prefilling = s.advance, s.scratch2
     n_decode = 0
@@ -134,8 +138,7 @@ def sarathi_decide(s, rule):
         else:
             prefilling[n_prefilling] = rid
             n_prefilling += 1
-    if s.cache_on:  # shared blocks once: the running set's references are cache entries
-        used += blocks_taken(s) - s.blocks_held
+    used += shared  # (what the kept requests' ``occupied`` leaves out)
     free = capacity - used
     budget = params[CHUNK] - n_decode
     for i in range(n_prefilling):

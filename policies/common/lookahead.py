@@ -195,8 +195,10 @@ def start_admissible(s, rule, candidates, n_cand):
         s.prefill_len,
         s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch, s.scratch2,
         s.scratch3, rule.ints[0:1], s.iteration, cached, s.cache_on)
+    # The promise rests on the held-KV test, which only grows harder: the KV held grows and
+    # the first candidate's cached prefix can only shrink (a reclaim) until the next event.
     if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + s.prefill_len[candidates[0]]
-                           + 1 > s.capacity):
+                           - (cached[0] if s.cache_on else 0) + 1 > s.capacity):
         s.steady = 2 ** 62
     return 0
 

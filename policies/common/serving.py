@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
-from replay.engine.prefix_cache import blocks_taken, cached_blocks, free_among_hits
+from replay.engine.prefix_cache import (
+    blocks_freed_by,
+    blocks_taken,
+    cached_blocks,
+    free_among_hits,
+)
 from replay.engine.sorting import stable_argsort
 from replay.errors import ConfigError
 
@@ -41,6 +46,24 @@ def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
         if freed >= excess:
             return ids[order[k]]
     return ids[order[0]]
+
+
+@jit
+def attribute_to_victims(s, running, n_run, after):
+    """With the prefix cache, each running request's ``after[k]`` (its blocks after this
+    step) becomes what preempting it would free plus its growth, and the return value is
+    the blocks no single preemption frees (cache entries several running requests share):
+    the capacity :func:`preempt_latest_until_fit` must leave them. 0 with the cache off."""
+    if not s.cache_on:
+        return 0
+    held, block = s.held, s.block
+    shared = blocks_taken(s)
+    for k in range(n_run):
+        rid = running[k]
+        freed = blocks_freed_by(s, rid)
+        after[k] += freed - blocks(held[rid], block)
+        shared -= freed
+    return shared
 
 
 @jit
@@ -108,7 +131,8 @@ def prefill_first(s, rule, candidates, n_candidates):
     after = s.scratch
     for k in range(n_run):
         after[k] = blocks(held[running[k]] + 1, block)
-    cut = preempt_latest_until_fit(running, after, n_run, capacity)
+    shared = attribute_to_victims(s, running, n_run, after)
+    cut = preempt_latest_until_fit(running, after, n_run, capacity - shared)
     if cut < 0:
         # Steady: without arrivals or completions the first candidate stays too big for the
         # free blocks (they only shrink), so only the preemption test can change this.

@@ -29,6 +29,7 @@ from replay.engine.paging import blocks
 from replay.engine.prefix_cache import (
     acquire,
     blocks_in_use,
+    insert_blocks,
     insert_full_blocks,
     lookup_hits,
     new_pins,
@@ -705,7 +706,10 @@ def run_stretch(s, timing, price_batch, price_decodes, room, decode_only):
                 return
         duration, kv_peak, prefill_total, n_decode, only_decodes, gain_total, new_blocks = \
             price(s, timing, price_batch, price_decodes)
-        if np.isnan(duration) or kv_peak > s.capacity:
+        if np.isnan(duration):
+            return
+        kv_peak = make_room(s, kv_peak)
+        if kv_peak > s.capacity:
             return
         s.steps += 1
         n_finished, _ = execute(s, duration, kv_peak, prefill_total, n_decode, only_decodes,
@@ -719,22 +723,32 @@ def _decode_stretch(s, timing, price_decodes, room):
     """The stretch of a batch of decodes, each step priced in O(1) from the context sum and
     maximum and every member's tokens written once at the end, up to (not including) the
     step that completes a request. Returns ``(steps done, whether the stretch goes on step
-    by step)``: it does where the O(1) price had no answer, for the completing step and,
-    with the prefix cache on, for a step that fills a block the cache keeps."""
+    by step)``: it does where the O(1) price had no answer, and for the completing step.
+    With the prefix cache, the members whose block fills at a step (a ``block``-th of them
+    on average) insert it there."""
     m, members = s.m, s.members
     output_len, generated, held = s.output_len, s.generated, s.held
     completing = output_len[members[0]] - generated[members[0]]
     context_sum = 0
     context_max = 0
     block, capacity = s.block, s.capacity
-    caching = room  # steps before the first that fills a block of known content
     for i in range(m):
         rid = members[i]
         completing = min(completing, output_len[rid] - generated[rid])
         context_sum += held[rid]
         context_max = max(context_max, held[rid])
-        if s.cache_on and held[rid] // block < s.hash_count[rid]:
-            caching = min(caching, block - 1 - held[rid] % block)
+    if s.cache_on:  # members by the step (mod block) that fills their block, in member order
+        fill_start = np.zeros(block + 1, dtype=np.int64)
+        for i in range(m):
+            fill_start[block - held[members[i]] % block] += 1
+        for d in range(block):
+            fill_start[d + 1] += fill_start[d]
+        fillers = np.empty(m, dtype=np.int64)
+        slot = fill_start[:block].copy()
+        for i in range(m):
+            d = block - 1 - held[members[i]] % block
+            fillers[slot[d]] = members[i]
+            slot[d] += 1
     growth = np.zeros(block, dtype=np.int64)  # members by held % block
     if block > 1:
         for i in range(m):
@@ -745,7 +759,7 @@ def _decode_stretch(s, timing, price_decodes, room):
     now = s.now
     go_on = False
     while done < room:
-        if done == completing - 1 or done == caching:
+        if done == completing - 1:
             go_on = True
             break
         if now >= s.next_arrival or stop_reason(s):
@@ -755,7 +769,8 @@ def _decode_stretch(s, timing, price_decodes, room):
             go_on = True
             break
         new_blocks = growth[(-done) % block] if block > 1 else 0
-        peak = (blocks_in_use(s) + new_blocks) * block if block > 1 else s.kv_held + m
+        peak = make_room(s, (blocks_in_use(s) + new_blocks) * block if block > 1
+                         else s.kv_held + m)
         if peak > capacity:
             break
         end = now + duration
@@ -766,6 +781,11 @@ def _decode_stretch(s, timing, price_decodes, room):
         longest = max(longest, gap)
         s.kv_held += m
         s.blocks_held += new_blocks
+        if s.cache_on:
+            d = done % block
+            for j in range(fill_start[d], fill_start[d + 1]):
+                rid = fillers[j]
+                insert_blocks(s, rid, (held[rid] + done + 1) // block)
         log_row(s, now, duration, m, 0, 0, m, peak, kv_after(s), 0, 0, False)
         s.steps += 1
         s.iteration += 1

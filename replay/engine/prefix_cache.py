@@ -151,7 +151,14 @@ def _new_entry(s, key):
 def insert_full_blocks(s, rid):
     """``rid``'s full blocks with known content beyond its references become references:
     new entries, or existing ones with the same hash (its own copy freed)."""
-    full = min(s.held[rid] // s.block, s.hash_count[rid])
+    insert_blocks(s, rid, s.held[rid] // s.block)
+
+
+@jit
+def insert_blocks(s, rid, full):
+    """As :func:`insert_full_blocks` for ``rid`` holding ``full`` full blocks (the decode
+    stretch writes ``held`` only at its end)."""
+    full = min(full, s.hash_count[rid])
     have = s.n_ref[rid]
     if full <= have:
         return

@@ -186,6 +186,18 @@ def preempt_latest_until_fit(ids, blocks_after, capacity_blocks):
     return keep
 
 
+def attribute_to_victims(view: PolicyView, running: np.ndarray, after: np.ndarray
+                         ) -> tuple[np.ndarray, int]:
+    """With the cache: each running request's blocks after the step as what preempting it
+    frees plus its growth, and the blocks no single preemption frees (shared entries)."""
+    cache = getattr(view, "cache", None)
+    if cache is None:
+        return after, 0
+    freed = np.array([freed_by(view, int(r)) for r in running], dtype=np.int64)
+    own = blocks(view.held[running], view.kv_block_size)
+    return after - own + freed, cache.taken(view.held[running], running) - int(freed.sum())
+
+
 class OracleVLLM:
     def __init__(self, policy: VLLMLike) -> None:
         self.p, self.overflow = policy, oracle_overflow(policy.overflow)
@@ -213,8 +225,9 @@ class OracleVLLM:
                 count = 1  # the watermark is waived for a lone request
             if count:
                 return Batch(start=waiting[:count], advance=_EMPTY)
-        keep = preempt_latest_until_fit(running, blocks(view.held[running] + 1, block),
-                                        capacity)
+        after, shared = attribute_to_victims(view, running,
+                                             blocks(view.held[running] + 1, block))
+        keep = preempt_latest_until_fit(running, after, capacity - shared)
         if keep is None:
             return Batch()
         return Batch(advance=running[keep], preempt=running[~keep])
@@ -233,19 +246,15 @@ class OracleSarathi:
                                 view.prefill_len[running] + 1)
         else:
             occupied = view.held[running] + (remaining == 0)
-        occupied = blocks(occupied, block)
         capacity = view.kv_capacity // block
-        keep = preempt_latest_until_fit(running, occupied, capacity)
+        occupied, shared = attribute_to_victims(view, running, blocks(occupied, block))
+        keep = preempt_latest_until_fit(running, occupied, capacity - shared)
         if keep is None:
             keep = np.ones(running.size, dtype=bool)
         kept, preempted = running[keep], running[~keep]
         remaining, occupied = remaining[keep], occupied[keep]
         decodes, prefilling = kept[remaining == 0], kept[remaining > 0]
-        used = int(occupied.sum())
-        cache = getattr(view, "cache", None)
-        if cache is not None:  # shared blocks once: references are cache entries
-            used += (cache.taken(view.held[view.running], view.running)
-                     - int(blocks(view.held[view.running], block).sum()))
+        used = int(occupied.sum()) + shared
         plan = _ChunkPlan(view, p.chunk_size - decodes.size, capacity - used, p.reserve_prompt)
         for rid in prefilling:
             plan.continue_prefill(int(rid))
