@@ -1,5 +1,7 @@
 """``python -m replay.plots kv RUN_DIR [RUN_DIR ...] --out FILE.png``: the KV-usage timeline
-of finished runs with the capacity ``M`` marked (the figures themselves live in
+of finished runs with the capacity ``M`` marked; ``python -m replay.plots cache RUN_DIR ...``:
+the prefix cache's hit ratio so far and occupancy over time, for runs with
+``kv.prefix_cache=block_hash`` (the figures themselves live in
 :mod:`replay.experiments.plots`).
 
 Each folder must hold a finished run whose iteration table is the one the run wrote
@@ -16,6 +18,7 @@ import pandas as pd
 
 from replay.errors import InputError
 from replay.experiments.plots.common import plot_kv_timelines
+from replay.experiments.plots.prefix_cache import plot_cache_timelines
 from replay.storage.outputs import ensure_writable_dir, read_summary, table_problem
 
 TABLE = "iterations.parquet"
@@ -53,14 +56,24 @@ def main() -> None:
     kv = sub.add_parser("kv", help="KV usage over time with M marked")
     kv.add_argument("runs", nargs="+", type=Path, help="run directories")
     kv.add_argument("--out", type=Path, default=Path("kv_timeline.png"))
+    cache = sub.add_parser("cache", help="prefix-cache hit ratio and occupancy over time")
+    cache.add_argument("runs", nargs="+", type=Path, help="run directories (cache on)")
+    cache.add_argument("--out", type=Path, default=Path("cache_timeline.png"))
     args = parser.parse_args()
     ensure_writable_dir(args.out.parent)
     runs = []
     for run_dir in args.runs:
         summary, iterations = finished_run(run_dir)
         label = f"{run_dir.name} ({summary['status']})"
-        runs.append((label, iterations, summary["kv_capacity"]))
-    print(plot_kv_timelines(runs, args.out))
+        if args.figure == "kv":
+            runs.append((label, iterations, summary["kv_capacity"]))
+            continue
+        if summary.get("prefix_cache") is None or "cache_blocks" not in iterations:
+            raise InputError(f"{run_dir}: the run had no prefix cache (kv.prefix_cache=none); "
+                             f"run it with kv.prefix_cache=block_hash")
+        runs.append((label, iterations, summary["kv"]["block_size"], summary["kv_capacity"]))
+    plot = plot_kv_timelines if args.figure == "kv" else plot_cache_timelines
+    print(plot(runs, args.out))
 
 
 if __name__ == "__main__":

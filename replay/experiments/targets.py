@@ -369,4 +369,10 @@ TARGETS: dict[str, Target] = {
         "simulator's published errors; the factors behind the differences, one at a time",
         ("experiment=e1_engine_check",), quick=("study.quick=true",), multirun=False,
         figures=(study_figures,), needs_data=True),
+    "e2": Target(
+        "E2: the prefix cache: hit ratios of the Mooncake FAST'25 traces with an unbounded "
+        "cache and LRU caches of 0.1M-100M tokens, and MC-SF, vLLM-like and longest prefix "
+        "match on a shared-prefix workload with the cache off and on, where memory binds",
+        ("experiment=e2_prefix_cache",), quick=("study.quick=true",), multirun=False,
+        figures=(study_figures,), needs_data=True),
 }
