@@ -26,7 +26,9 @@ existing run is untouched. In unit time the two are the same process: the paper'
 "evict on overflow, the rest runs" is this policy's "evict before the iteration, the
 rest runs". See ``docs/reproducing/wait.md`` (B0: two FCFS conventions).
 
-KV is counted in the engine's blocks when ``kv.block_size > 1`` (token-exact at 1).
+KV is counted in the engine's blocks when ``kv.block_size > 1`` (token-exact at 1). With
+the prefix cache, blocks shared by running requests count once and free cached blocks as
+free (the engine reclaims them); an admission is planned with its whole prompt.
 ``overflow`` is never used by this policy's own batches; it is there for the contract.
 """
 
@@ -34,9 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.common.serving import attribute_to_victims
 from replay.engine.jit import jit
 from replay.engine.paging import blocks
 from replay.engine.policy import OverflowRule
+from replay.engine.prefix_cache import blocks_taken
 from replay.engine.rules import CompiledPolicy
 from replay.engine.sorting import stable_argsort
 
@@ -50,8 +54,11 @@ def paper_fcfs_decide(s, rule):
     running, n_run, queue = s.running, s.n_run, s.queue
     held, prefill_len, prefilled = s.held, s.prefill_len, s.prefilled
     free = capacity
-    for k in range(n_run):
-        free -= blocks(held[running[k]], block)
+    if s.cache_on:  # shared blocks once, free cache entries free (the engine reclaims them)
+        free -= blocks_taken(s)
+    else:
+        for k in range(n_run):
+            free -= blocks(held[running[k]], block)
     # Admission: greedy against what the running set holds now (alpha = 0).
     admitted = 0
     n_start = 0
@@ -66,12 +73,14 @@ def paper_fcfs_decide(s, rule):
     # The next iteration: every running request processes what remains of its prompt
     # (nothing, once prefilled) and emits one token.
     after, latest = s.scratch, s.scratch2
-    excess = admitted - capacity
     for k in range(n_run):
         rid = running[k]
         after[k] = blocks(held[rid] + prefill_len[rid] - prefilled[rid] + 1, block)
-        excess += after[k]
         latest[k] = s.start_iteration[rid]
+    excess = admitted - capacity + attribute_to_victims(s, running, n_run, after,
+                                                        capacity - admitted)
+    for k in range(n_run):
+        excess += after[k]
     if excess <= 0:
         if n_start == 0:
             # Nothing fits and nothing is evicted: until an arrival or a completion the queue

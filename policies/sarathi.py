@@ -115,7 +115,7 @@ def sarathi_decide(s, rule):
         else:
             slots = held[rid] + (1 if remaining == 0 else 0)
         occupied[k] = blocks(slots, block)
-    shared = attribute_to_victims(s, running, n_run, occupied)
+    shared = attribute_to_victims(s, running, n_run, occupied, capacity)
     cut = preempt_latest_until_fit(running, occupied, n_run, capacity - shared)
     # kept decodes go to advance[:n_decode]; kept prefills (in order) to prefilling
     advance, prefilling = s.advance, s.scratch2

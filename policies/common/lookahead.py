@@ -184,12 +184,18 @@ def start_admissible(s, rule, candidates, n_cand):
     a request arrives or completes: the decision promises it (``steady``)."""
     cached = s.scratch4
     if s.cache_on:  # the prompt tokens each candidate the check can reach finds held already
-        reach = min(n_cand, max(0, (s.capacity - s.kv_held) // 2) + 1)
-        for k in range(reach):
+        # admissible_count stops at the first candidate whose footprint (plus one slot each)
+        # passes what the running set leaves at its first checkpoint, at most this room
+        room = s.capacity - s.kv_held - s.n_run
+        total = 0
+        for k in range(n_cand):
             hits = cached_blocks(s, candidates[k])
             if hits:  # a hit on a free entry is memory the batch takes
                 hits -= free_among_hits(s, candidates[k], hits)
             cached[k] = hits * s.block
+            total += s.prefill_len[candidates[k]] - cached[k] + 1
+            if total > room:
+                break
     s.n_start = admissible_count(
         candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
         s.prefill_len,

@@ -49,14 +49,22 @@ def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
 
 
 @jit
-def attribute_to_victims(s, running, n_run, after):
-    """With the prefix cache, each running request's ``after[k]`` (its blocks after this
-    step) becomes what preempting it would free plus its growth, and the return value is
-    the blocks no single preemption frees (cache entries several running requests share):
-    the capacity :func:`preempt_latest_until_fit` must leave them. 0 with the cache off."""
+def attribute_to_victims(s, running, n_run, after, capacity):
+    """With the prefix cache: the blocks the running set occupies beyond the sum of
+    ``after`` (each request's blocks after this step, shared ones counted by every sharer),
+    which :func:`preempt_latest_until_fit` must leave out of ``capacity``. When they do not
+    all fit, each ``after[k]`` becomes what preempting that request frees plus its growth,
+    and the return value the blocks no single preemption frees (entries several share).
+    0 with the cache off."""
     if not s.cache_on:
         return 0
     held, block = s.held, s.block
+    shared = blocks_taken(s) - s.blocks_held  # references counted once, free entries not
+    total = shared
+    for k in range(n_run):
+        total += after[k]
+    if total <= capacity:  # (most steps: no preemption, no per-block work)
+        return shared
     shared = blocks_taken(s)
     for k in range(n_run):
         rid = running[k]
@@ -131,7 +139,7 @@ def prefill_first(s, rule, candidates, n_candidates):
     after = s.scratch
     for k in range(n_run):
         after[k] = blocks(held[running[k]] + 1, block)
-    shared = attribute_to_victims(s, running, n_run, after)
+    shared = attribute_to_victims(s, running, n_run, after, capacity)
     cut = preempt_latest_until_fit(running, after, n_run, capacity - shared)
     if cut < 0:
         # Steady: without arrivals or completions the first candidate stays too big for the

@@ -155,13 +155,14 @@ class OraclePaperFCFS(OracleFCFS):
     def decide(self, view: PolicyView) -> Batch:
         block, running, waiting = view.kv_block_size, view.running, view.waiting
         capacity = view.kv_capacity // block
-        free = capacity - int(blocks(view.held[running], block).sum())
+        free = free_blocks(view, capacity)
         need = np.cumsum(blocks(view.prefill_len[waiting] + 1, block))
         start = waiting[: int(np.searchsorted(need, free, side="right"))]
         admitted = int(need[start.size - 1]) if start.size else 0
         gain = view.prefill_len[running] - view.prefilled[running] + 1
-        after = blocks(view.held[running] + gain, block)
-        excess = int(after.sum()) + admitted - capacity
+        after, shared = attribute_to_victims(view, running,
+                                             blocks(view.held[running] + gain, block))
+        excess = int(after.sum()) + shared + admitted - capacity
         if excess <= 0:
             return Batch(start=start)
         latest_first = np.argsort(view.start_iteration[running], kind="stable")[::-1]
