@@ -184,11 +184,7 @@ def bench_sweep(n_runs: int, policies: list[str], overrides: list[str]) -> None:
     seeds = -(-n_runs // len(policies))
     job = ["workload=lmsys_synthetic", "workload.n=1000", "timing=linear", *overrides]
     workers = int(run_or_exit(launcher_config, job).get("n_jobs") or 1)
-    composing = []
-    for _ in range(5):
-        started = time.perf_counter()
-        compose_config([f"policy={policies[0]}", "seed=0", *job])
-        composing.append(time.perf_counter() - started)
+    composing = composing_times([f"policy={policies[0]}", *job], seeds=6)
     with tempfile.TemporaryDirectory(prefix="kvsched-sweep-bench-") as folder:
         command = [sys.executable, "-m", "replay", "-m", f"policy={','.join(policies)}",
                    f"seed=range(0,{seeds})", *job, f"hydra.sweep.dir={folder}"]
@@ -210,6 +206,27 @@ def bench_sweep(n_runs: int, policies: list[str], overrides: list[str]) -> None:
     print(f"per job, worker seconds: {workers * wall / runs:.3f} in all = composing "
           f"{compose_s:.3f} + setup {run_s - loop_s:.3f} + loop {loop_s:.3f} + outside the run "
           f"(job start, writing) {rest_s:.3f}", flush=True)
+
+
+def composing_times(overrides: list[str], seeds: int) -> list[float]:
+    """Seconds to compose each of ``seeds`` jobs (``seed=0, 1, ...`` added to ``overrides``)
+    with the config loader a sweep hands its workers, after one job composed untimed."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+
+    from replay.config import CONFIG_DIR, register_resolvers
+    from replay.config.compose_once import compose_once
+
+    register_resolvers()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    compose_once(loader)
+    times = []
+    for seed in range(seeds + 1):
+        started = time.perf_counter()
+        loader.load_configuration("config", [*overrides, f"seed={seed}"], RunMode.MULTIRUN)
+        times.append(time.perf_counter() - started)
+    return times[1:]
 
 
 def launcher_config(overrides: list[str]):

@@ -30,3 +30,17 @@ def test_importing_the_app_loads_no_heavy_library():
 def test_the_probe_sees_a_heavy_import():
     # the check above could pass vacuously if the probe never saw a module: it does
     assert _loaded_after("import replay.app, scipy.special") == ["scipy"]
+
+
+def test_the_compile_cache_key_ignores_comments_docstrings_and_layout_only():
+    from replay.engine.jit import code_digest
+
+    source = b'"""Module."""\n\ndef f(x):\n    """Twice x."""\n    return 2 * x\n'
+    same_code = (b'# a comment\n"""Another docstring."""\n\n\n'
+                 b'def f(x):  # shifted two lines down\n    return 2 * x\n')
+    other_code = b'"""Module."""\n\ndef f(x):\n    """Twice x."""\n    return 3 * x\n'
+    assert code_digest(source) == code_digest(same_code)
+    assert code_digest(source) != code_digest(other_code)
+    # a string that is not the first statement is code, not a docstring
+    assert code_digest(b"def f():\n    x = 1\n    'kept'\n") != code_digest(
+        b"def f():\n    x = 1\n")
