@@ -158,6 +158,13 @@ class ContentLocator(UserProvidedCacheLocator):
         return hashlib.sha256(self._code).hexdigest()[:8]
 
 
+#: numba's cache locators while kvsched decorates: its own first, then numba's defaults after
+#: the user-provided folder's (``__pycache__``, the user-wide cache...), for a cache folder
+#: that cannot be written.
+LOCATORS = (f"{__name__}.{ContentLocator.__name__},InTreeCacheLocator,UserWideCacheLocator,"
+            "IPythonCacheLocator,ZipCacheLocator")
+
+
 def jit(function=None, **options):
     """``numba.njit(cache=True)`` in :data:`CACHE_DIR` (numba reads its cache setting when it
     decorates). ``options`` go to numba (``inline="always"`` for helpers so small that a
@@ -166,7 +173,7 @@ def jit(function=None, **options):
     def decorate(function):
         saved = numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES
         numba.config.CACHE_DIR = CACHE_DIR
-        numba.config.CACHE_LOCATOR_CLASSES = f"{__name__}.{ContentLocator.__name__}"
+        numba.config.CACHE_LOCATOR_CLASSES = LOCATORS
         try:
             return numba.njit(cache=True, **options)(function)
         finally:
