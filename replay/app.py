@@ -20,9 +20,9 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
-import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.errors import InstantiationException
@@ -46,8 +46,10 @@ from replay.config.cli import (
 )
 from replay.config.validate import validate_config
 from replay.errors import InputError
-from replay.run import run
 from replay.storage.outputs import atomic_write_text, read_summary, summary_json
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 # Hydra finds plugins by scanning the hydra_plugins folders on sys.path, which misses an
@@ -102,6 +104,10 @@ def replay_job(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         validate_config(cfg)
+        # Imported here, not at the top: the engine (numba, pandas, scipy) is most of the
+        # start-up, and `--help`, a config error or a sweep's parent process needs none of it.
+        from replay.run import run
+
         if cfg.get("study") is not None:
             summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
         else:
@@ -211,6 +217,8 @@ class SweepReport:
 
 def sweep_table(jobs: dict[str, dict]) -> pd.DataFrame:
     """One row per job (folder name -> summary) with the numbers a person compares."""
+    import pandas as pd  # only a sweep's closing table needs it: not at start-up
+
     rows = []
     for folder, s in jobs.items():
         policy = (s.get("config") or {}).get("policy") or {}

@@ -15,7 +15,10 @@ whose decision runs in Python, called from the same compiled step loop; the ``po
 column says which kind of decision ran (``compiled`` or ``python``). ``--sorted``
 measures the Sorted-F family instead: one Phase-1 plan of Sorted-F (swap, quantile) over
 2,000 and 20,000 waiting requests, and the LP's build and solve time at the sizes of C1
-(Uniform, n = 100, M = 100) and C2 (mixed, n = 2,000).
+(Uniform, n = 100, M = 100) and C2 (mixed, n = 2,000). ``--sweep N`` times a sweep
+instead: N short replays (LMSYS-like, 1,000 requests each, the ``--policies`` in turn over
+seeds) as one multirun of ``python -m replay -m``, as a user launches it, and reports runs per
+second and where a job's time goes (:func:`bench_sweep`).
 Not a test: numbers depend on the machine.
 """
 
@@ -94,8 +97,13 @@ def main() -> None:
                              "policy (a decision written in Python)")
     parser.add_argument("--sorted", action="store_true",
                         help="Phase-1 plan and LP times of the Sorted-F family instead")
+    parser.add_argument("--sweep", type=positive_int, default=None, metavar="N",
+                        help="time a multirun of N short replays instead (policies in turn)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
+    if args.sweep:
+        bench_sweep(args.sweep, args.policies.split(","), args.overrides)
+        return
     if args.sorted:
         bench_sorted(args.repeat)
         return
@@ -155,6 +163,82 @@ def report(label: str, cfg, repeat: int) -> None:
           f"{members / steps:>7.0f}{1e9 * fastest.loop_time_s / max(members, 1):>10.1f}"
           f"{best - fastest.loop_time_s:>9.2f}{100 * fastest.decisions / steps:>10.1f}"
           f"  {(fastest.engine_path or {}).get('policy', '?')}", flush=True)
+
+
+def bench_sweep(n_runs: int, policies: list[str], overrides: list[str]) -> None:
+    """Run ``n_runs`` replays of 1,000 LMSYS-like requests as one multirun (``policies`` in
+    turn, each over ``ceil(n_runs / len(policies))`` seeds, so the count is rounded up to a
+    multiple of the policies) in a temporary sweep folder, and print runs per second of the
+    whole command and the mean time per job: composing its config (timed here, in this
+    process, on the first job's overrides), the run's setup and step loop (from its summary)
+    and the rest a worker spends outside the run (starting the job, writing the tables and
+    Hydra's files): ``workers x sweep wall / runs`` minus those three.
+    """
+    import json
+    import statistics
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    seeds = -(-n_runs // len(policies))
+    job = ["workload=lmsys_synthetic", "workload.n=1000", "timing=linear", *overrides]
+    workers = int(run_or_exit(launcher_config, job).get("n_jobs") or 1)
+    composing = composing_times([f"policy={policies[0]}", *job], seeds=6)
+    with tempfile.TemporaryDirectory(prefix="kvsched-sweep-bench-") as folder:
+        command = [sys.executable, "-m", "replay", "-m", f"policy={','.join(policies)}",
+                   f"seed=range(0,{seeds})", *job, f"hydra.sweep.dir={folder}"]
+        started = time.perf_counter()
+        finished = subprocess.run(command, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if finished.returncode != 0:
+            sys.exit(f"error: the sweep failed (exit {finished.returncode}): "
+                     f"{finished.stderr.strip().splitlines()[-1:]}")
+        summaries = [json.loads(p.read_text()) for p in Path(folder).glob("*/summary.json")]
+    runs = len(summaries)
+    run_s = statistics.fmean(s["wall_time_s"] for s in summaries)
+    loop_s = statistics.fmean(s["loop_time_s"] for s in summaries)
+    compose_s = statistics.median(composing)
+    rest_s = workers * wall / runs - run_s - compose_s
+    print(f"{runs} runs ({len(policies)} policies x {seeds} seeds, 1,000 requests each), "
+          f"{workers} workers: {wall:.1f} s for the whole command, {runs / wall:.2f} runs/s, "
+          f"{wall / runs:.3f} s per run")
+    print(f"per job, worker seconds: {workers * wall / runs:.3f} in all = composing "
+          f"{compose_s:.3f} + setup {run_s - loop_s:.3f} + loop {loop_s:.3f} + outside the run "
+          f"(job start, writing) {rest_s:.3f}", flush=True)
+
+
+def composing_times(overrides: list[str], seeds: int) -> list[float]:
+    """Seconds to compose each of ``seeds`` jobs (``seed=0, 1, ...`` added to ``overrides``)
+    with the config loader a sweep hands its workers, after one job composed untimed."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+
+    from replay.config import CONFIG_DIR, register_resolvers
+    from replay.config.compose_once import compose_once
+
+    register_resolvers()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+    compose_once(loader)
+    times = []
+    for seed in range(seeds + 1):
+        started = time.perf_counter()
+        loader.load_configuration("config", [*overrides, f"seed={seed}"], RunMode.MULTIRUN)
+        times.append(time.perf_counter() - started)
+    return times[1:]
+
+
+def launcher_config(overrides: list[str]):
+    """``hydra.launcher`` as a multirun of ``overrides`` would have it."""
+    from hydra import compose, initialize_config_dir
+
+    from replay.config import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides,
+                       return_hydra_config=True).hydra.launcher
 
 
 def bench_sorted(repeat: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from replay.crosscheck import Setup, crosscheck
+from replay.crosscheck import Setup, crosscheck, parse_arguments
 from tests.conftest import DATA_DIR
 
 pytestmark = [pytest.mark.slow,
@@ -69,23 +69,61 @@ def test_each_simulator_is_timed_by_its_fastest_of_repeated_runs(monkeypatch, tm
     import replay.crosscheck as cc
 
     walls = {"kvsched": iter([0.3, 0.1, 0.2]), "vidur": iter([5.0, 7.0, 4.0])}
+    calls = {"kvsched": iter([0.9, 0.5, 0.7]), "vidur": iter([6.0, 9.0, 8.0])}
+    loaded = []
     requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
                              "output_len": [2], "latency": [1.0], "ttft": [0.5],
                              "tbt_mean": [0.5], "evictions": [0]})
 
     class Timing:
         spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
+        cache_path = tmp_path / "predictor-of-m"
 
         def vidur_predictor(self):
-            return None
+            loaded.append(self.cache_path)
+            return object()
 
     monkeypatch.setattr(cc, "SCHEDULERS", ("vllm",))
-    monkeypatch.setattr(cc, "run_harness", lambda *a: (requests, next(walls["kvsched"]),
-                                                       SimpleNamespace(timing=None)))
+    monkeypatch.setattr(cc, "run_harness", lambda *a: (
+        requests, next(walls["kvsched"]), next(calls["kvsched"]), SimpleNamespace(timing=None)))
     monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
-    monkeypatch.setattr(cc, "run_vidur", lambda *a: (requests.assign(restarts=0),
-                                                     next(walls["vidur"])))
+    monkeypatch.setattr(cc, "run_vidur", lambda *a: (
+        requests.assign(restarts=0), next(walls["vidur"]), next(calls["vidur"])))
     speed = cc.crosscheck(Setup(n=1, quick=True), tmp_path, cases={"lmsys": (5.0,)},
                           repeat=3)
     row = speed.iloc[0]
     assert (row["kvsched_wall_s"], row["vidur_wall_s"], row["runs_each"]) == (0.1, 4.0, 3)
+    assert (row["kvsched_call_s"], row["vidur_call_s"]) == (0.5, 6.0)
+    assert row["call_speedup"] == 6.0 / 0.5
+
+
+def test_vidur_predictor_is_loaded_once_per_model(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import replay.crosscheck as cc
+
+    requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
+                             "output_len": [2], "latency": [1.0], "ttft": [0.5],
+                             "tbt_mean": [0.5], "evictions": [0]})
+    loaded = []
+
+    class Timing:
+        spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
+        cache_path = tmp_path / "predictor-of-m"
+
+        def vidur_predictor(self):
+            loaded.append(self.cache_path)
+            return object()
+
+    monkeypatch.setattr(cc, "run_harness", lambda *a: (requests, 0.1, 0.2,
+                                                       SimpleNamespace(timing=None)))
+    monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
+    monkeypatch.setattr(cc, "run_vidur", lambda *a: (requests.assign(restarts=0), 1.0, 2.0))
+    cc.crosscheck(Setup(n=1, quick=True), tmp_path, cases={"lmsys": (5.0, 20.0)}, repeat=2)
+    assert loaded == [tmp_path / "predictor-of-m"]  # 2 rates x 2 schedulers x 2 runs: one load
+
+
+def test_set_overrides_reach_every_harness_run():
+    setup, _, _ = parse_arguments(["--set", "engine.fast_forward=false", "--set", "seed=3"])
+    overrides = setup.overrides("lmsys", 5.0, "vllm")
+    assert overrides[-2:] == ["engine.fast_forward=false", "seed=3"]

@@ -55,6 +55,9 @@ class KvschedSweeper(Sweeper):
         self.config = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        from replay.config.compose_once import compose_once
+
+        compose_once(hydra_context.config_loader)  # every job's composition, here and in workers
         self.hydra_context, self.config = hydra_context, config
         self.basic.setup(hydra_context=hydra_context, task_function=task_function,
                          config=config)

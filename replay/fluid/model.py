@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
 
 from replay.errors import ConfigError
 
@@ -276,6 +275,8 @@ def theta(n_k: float, n_prev: float, p: float) -> float:
 
     def f(t: float) -> float:  # log of the left side; log(1 - p + p e^t) written stably
         return -t * n_k + n_prev * (t + math.log((1 - p) * math.exp(-t) + p))
+
+    from scipy.optimize import brentq  # deferred: scipy.optimize is a slow import
 
     lo, hi = 0.5, 1.0
     while f(hi) < 0:

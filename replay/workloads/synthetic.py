@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import norm
 
 from replay.engine.requests import RequestError, Requests
 from replay.params import check
@@ -93,8 +91,12 @@ def discretised_lognormal_mean(mu: float, sigma: float, cap: int) -> float:
 
     ``ceil(X) >= k`` iff ``X > k - 1``, so the mean is ``sum_{j=0}^{cap-1} P(X > j)``.
     """
+    # scipy.special.ndtr(-z) is the standard normal's sf, the very function scipy.stats'
+    # norm.sf calls, without importing scipy.stats (about half a second of start-up).
+    from scipy.special import ndtr
+
     j = np.arange(1, cap)
-    return 1.0 + float(norm.sf((np.log(j) - mu) / sigma).sum())
+    return 1.0 + float(ndtr(-((np.log(j) - mu) / sigma)).sum())
 
 
 @lru_cache(maxsize=32)
@@ -111,6 +113,8 @@ def fit_lognormal_lengths(median: float, mean: float, cap: int) -> tuple[float, 
         raise RequestError(f"lognormal fit needs 1 < median < mean < cap, got median={median}, "
                            f"mean={mean}, cap={cap}")
     mu = float(np.log(median - 0.5))
+    from scipy.optimize import brentq  # deferred: only a fitted workload needs it
+
     sigma = brentq(lambda s: discretised_lognormal_mean(mu, s, cap) - mean, 1e-3, 10.0)
     return mu, float(sigma)
 

@@ -1,0 +1,48 @@
+"""``python -m replay.compile`` finds every built-in compiled rule without instantiating any."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from replay.compile import rule_names
+from replay.config import CONFIG_DIR
+from replay.engine.rules import CompiledPolicy, CompiledTiming
+
+
+def test_every_built_in_compiled_policy_and_timing_is_found():
+    names = set(rule_names())
+    expected = set()
+    for group in ("policy", "timing"):
+        for path in CONFIG_DIR.glob(f"{group}/*.yaml"):
+            module, _, name = yaml.safe_load(path.read_text())["_target_"].rpartition(".")
+            cls = getattr(__import__(module, fromlist=[name]), name)
+            if issubclass(cls, CompiledPolicy) and cls.decision is not None:
+                expected.add(cls.decision)
+            if issubclass(cls, CompiledTiming) and cls.price_batch is not None:
+                expected.update((cls.price_batch, cls.price_decodes))
+    found = set()
+    for module, qualname, attribute in names:
+        owner = __import__(module, fromlist=[qualname])
+        found.add(getattr(getattr(owner, qualname), attribute))
+    assert expected and expected <= found
+    # the overflow rules too, each function once
+    assert ("replay.engine.overflow", "EvictLIFO", "evict_victims") in names
+    assert len(names) == len(set(names))
+
+
+def test_bad_job_count_is_one_line():
+    done = subprocess.run([sys.executable, "-m", "replay.compile", "--jobs", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "at least 1" in done.stderr
+
+
+@pytest.mark.slow
+def test_compiles_or_loads_everything():
+    done = subprocess.run([sys.executable, "-m", "replay.compile", "--jobs", "2"],
+                          capture_output=True, text=True, check=True)
+    assert "rules are compiled in" in done.stdout

@@ -1,0 +1,41 @@
+"""A sweep's loader merges each choice of config files once, and every job's config is still
+exactly the one Hydra composes from scratch (replay.config.compose_once)."""
+
+from __future__ import annotations
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from replay.config import CONFIG_DIR, register_resolvers
+from replay.config.compose_once import ComposeOnceLoader, compose_once
+
+
+def _loader() -> ConfigLoaderImpl:
+    register_resolvers()
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONFIG_DIR)))
+
+
+def _composed(loader, overrides):
+    cfg = loader.load_configuration("config", overrides, RunMode.MULTIRUN)
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def test_every_job_gets_the_config_hydra_composes():
+    plain, once = _loader(), _loader()
+    compose_once(once)
+    assert type(once) is ComposeOnceLoader
+    jobs = [["policy=mcsf", "seed=1"], ["policy=mcsf", "seed=2", "arrivals.rate=3"],
+            ["policy=fcfs", "seed=1"], ["policy=mcsf", "seed=3"]]
+    for job in jobs:
+        assert _composed(once, job) == _composed(plain, job), job
+
+
+def test_a_job_that_changes_its_config_leaves_the_next_unchanged():
+    once = _loader()
+    compose_once(once)
+    first = once.load_configuration("config", ["seed=1"], RunMode.MULTIRUN)
+    first.kv.tokens = -1
+    second = once.load_configuration("config", ["seed=2"], RunMode.MULTIRUN)
+    assert second.kv.tokens != -1 and second.seed == 2
