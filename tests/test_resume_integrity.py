@@ -202,7 +202,7 @@ def test_every_command_has_help(name):
     ("replay.tools.attention_sources", ["data_dir=/nonexistent"], "not found"),
     ("replay.fluid", ["workload=lmsys_synthetic"], "typed workload"),
     ("traces.stats", ["workload=csv", "workload.path=/nonexistent.csv"], "not found"),
-    ("replay.reproduce", ["nope"], "invalid choice"),
+    ("replay.reproduce", ["nope"], "nope: no such target"),
 ])
 def test_every_command_answers_bad_input_with_one_line(name, args, fragment):
     done = module(name, *args)

@@ -60,8 +60,8 @@ def fetch(files: Iterable[RemoteFile], data_dir: Path,
         except ValueError as exc:  # pooch's hash mismatch
             raise FetchError(f"{remote.url}: the download does not match the expected "
                              f"SHA-256 {remote.sha256} for {remote.relpath} ({exc}); the "
-                             f"origin has changed, see the README's 'Data directory' "
-                             f"section") from exc
+                             f"origin has changed, see 'The data directory' in "
+                             f"docs/workloads.md") from exc
         except OSError as exc:  # requests' errors are OSErrors too
             raise FetchError(f"{remote.url}: download failed ({exc})") from exc
     return paths

@@ -149,7 +149,7 @@ PAPER_A3_SLOPE_RATIO = {50: 3, 10: 8}
 
 
 def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    """EXPERIMENTS.md A3 as the paper plots it: the average latency of a separate run of
+    """docs/reproducing/mcsf.md A3 as the paper plots it: the average latency of a separate run of
     ``n`` requests vs ``n``, one figure per arrival rate, one line per policy with its
     least-squares slope and the slope's ratio to MC-SF's in the legend.
 
@@ -196,7 +196,8 @@ def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def plot_kv_of_sweep(sweep_dir: Path, out_dir: Path, policy: str = "MC-SF") -> list[Path]:
-    """EXPERIMENTS.md A5: KV usage over time of ``policy`` at every arrival rate of a sweep."""
+    """docs/reproducing/mcsf.md A5: KV usage over time of ``policy`` at every arrival rate of
+    a sweep."""
     runs, units = [], set()
     for summary_path in largest_runs(sweep_dir):
         summary, _, iterations = load_run(summary_path.parent)
@@ -306,8 +307,8 @@ def seed_statistics(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_seed_statistics(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    """EXPERIMENTS.md A4: mean, std, max and min over seeds of each policy's average latency,
-    one figure per requeue position when both were run.
+    """docs/reproducing/mcsf.md A4: mean, std, max and min over seeds of each policy's average
+    latency, one figure per requeue position when both were run.
 
     Only runs that completed enter the statistics; ``n_livelock`` counts the others.
     """
@@ -361,7 +362,7 @@ _A6_AXIS = {"alpha": "protection level alpha (fraction of M kept free)",
 
 
 def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> list[Path]:
-    """EXPERIMENTS.md A6: average latency vs the config value ``x``, one line per value of
+    """docs/reproducing/mcsf.md A6: average latency vs the config value ``x``, one line per value of
     ``series``, one figure per arrival rate, the paper's best range shaded. Livelocked runs
     are left out of the lines, counted in the legend and listed in the CSV; a panel with no
     line of two finished points says so instead of drawing dots."""

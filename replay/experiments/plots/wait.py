@@ -1,4 +1,4 @@
-"""Figures of the WAIT experiments (EXPERIMENTS.md B), each a PNG plus the CSV behind it.
+"""Figures of the WAIT experiments (docs/reproducing/wait.md), each a PNG plus the CSV behind it.
 
 Every B run records its fluid benchmark (``summary["fluid"]``: the equilibrium of
 its typed rates under the linear coefficients of its model and hardware), so the

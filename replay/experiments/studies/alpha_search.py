@@ -1,6 +1,7 @@
-"""EXPERIMENTS.md A7: alpha-protection's endless cycle, and the smallest alpha that escapes it.
+"""docs/reproducing/mcsf.md A7: alpha-protection's endless cycle, and the smallest alpha that
+escapes it.
 
-For each arrival rate and requeue position of cleared requests (MODEL.md §3:
+For each arrival rate and requeue position of cleared requests (docs/model.md, requeueing:
 ``front`` or ``back``) the study replays alpha-protection greedy (``ClearAll``
 on overflow) on the experiment's workload for every ``alpha`` on a grid, and
 records each run's status. The smallest alpha that finishes is reported two
