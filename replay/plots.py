@@ -48,7 +48,8 @@ def finished_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Plot run outputs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.plots", description="Plot run outputs.")
     sub = parser.add_subparsers(dest="figure", required=True)
     kv = sub.add_parser("kv", help="KV usage over time with M marked")
     kv.add_argument("runs", nargs="+", type=Path, help="run directories")

@@ -312,8 +312,12 @@ def query(sql: str, table: Path) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.results",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.results",
+        description="One results table of many runs: `collect` gathers the summary.json of "
+                    "every run under the given folders into one Parquet file, a row per run; "
+                    "`query` runs DuckDB SQL over it (the view `runs`). Columns: "
+                    "docs/results-table.md.")
     commands = parser.add_subparsers(dest="command", required=True)
     gather = commands.add_parser("collect", help="gather run summaries into one Parquet file")
     gather.add_argument("folders", nargs="+", type=Path)

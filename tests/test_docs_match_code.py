@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import runpy
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -244,3 +246,24 @@ def test_the_request_and_iteration_tables_match_their_documentation(small_run):
     assert set(small_run.requests.columns) <= metrics_table("Per request: `requests.parquet`")
     documented = metrics_table("Per iteration: `iterations.parquet`")
     assert set(small_run.iterations.columns) <= documented
+
+
+# ------------------------------------------------------------------------------ --help
+#: Commands another piece of work is changing (issue 44: replay.bench's parser).
+HELP_IN_FLIGHT = {"replay.bench", "replay.crosscheck"}
+#: Commands whose help is plain text (the others still print their reST docstrings).
+PLAIN_HELP = {"traces.fetch", "replay.reproduce", "replay.results"}
+
+
+@pytest.mark.parametrize("module", sorted({m for _, m, _ in COMMANDS} - {"replay"}
+                                          - HELP_IN_FLIGHT))
+def test_every_documented_command_helps_under_the_name_it_is_run_by(module, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=False)
+    except SystemExit as done:
+        assert done.code in (0, None)
+    text = capsys.readouterr().out
+    assert f"python -m {module}" in text.splitlines()[0], text[:200]  # not "usage: x.py"
+    if module in PLAIN_HELP:
+        assert "``" not in text and ":mod:" not in text, text  # plain text, not reST

@@ -6,7 +6,7 @@ picks one of the two).
 
 Each file is fetched with pooch from a commit-pinned GitHub raw URL and checked against the
 SHA-256 of the copy the project was developed with; a file already present with the right hash
-is left alone. Needs internet access (it cannot run on the offline build machine).
+is left alone. Needs internet access.
 """
 
 from __future__ import annotations
@@ -68,7 +68,13 @@ def fetch(files: Iterable[RemoteFile], data_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m traces.fetch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m traces.fetch",
+        description="Download the data files from their public origins: the traces into "
+                    "DATA_DIR/traces/, the Vidur A100 profiles into DATA_DIR/vidur/profiling/. "
+                    "Each file comes from a commit-pinned GitHub URL and is checked against "
+                    "its SHA-256; a file already there with the right hash is left alone. "
+                    "Needs internet access.")
     parser.add_argument("--data-dir", default=os.environ.get("KVSCHED_DATA_DIR"),
                         help="data directory (default: $KVSCHED_DATA_DIR)")
     parser.add_argument("--only", choices=("traces", "profiles"),
