@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from policies.labels import policy_label
 from replay.errors import InputError
 from replay.experiments.plots.common import plot_kv_timelines
 from replay.storage.outputs import ensure_writable_dir, read_summary, table_problem
@@ -56,12 +57,21 @@ def main() -> None:
     kv.add_argument("--out", type=Path, default=Path("kv_timeline.png"))
     args = parser.parse_args()
     ensure_writable_dir(args.out.parent)
+    finished = [(run_dir, *finished_run(run_dir)) for run_dir in args.runs]
+    labels = [run_label(summary) for _, summary, _ in finished]
     runs = []
-    for run_dir in args.runs:
-        summary, iterations = finished_run(run_dir)
-        label = f"{run_dir.name} ({summary['status']})"
+    for (run_dir, summary, iterations), label in zip(finished, labels, strict=True):
+        if labels.count(label) > 1:  # two runs of one policy: say which folder is which
+            label += f", {run_dir.name}"
         runs.append((label, iterations, summary["kv_capacity"]))
     print(plot_kv_timelines(runs, args.out))
+
+
+def run_label(summary: dict) -> str:
+    """A run's line label: its policy as people name it, and its status."""
+    policy = (summary.get("config") or {}).get("policy") or {}
+    name = policy_label(policy) if "_target_" in policy else "policy not recorded"
+    return f"{name} ({summary['status']})"
 
 
 if __name__ == "__main__":

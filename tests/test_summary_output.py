@@ -99,3 +99,10 @@ def test_percentiles_must_be_a_list_of_numbers_from_0_to_100(value):
     with pytest.raises(ConfigError, match=r"output.percentiles=.* it must be a list of "
                                           r"percentiles"):
         validate_config(compose_config([f"output.percentiles={value}"]))
+
+
+def test_the_kv_plot_labels_a_run_by_its_policy():
+    from replay.plots import run_label
+
+    summary = {"status": "livelock", "config": {"policy": {"_target_": "policies.mcsf.MCSF"}}}
+    assert run_label(summary) == "MC-SF (livelock)"

@@ -22,13 +22,21 @@ from replay.storage.outputs import atomic_write, ensure_writable_dir  # noqa: E4
 
 
 def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:
-    """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV."""
+    """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV. The
+    image grows to hold what lies outside the axes (a legend beside them)."""
     fig.tight_layout()
     ensure_writable_dir(out.parent)
-    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=150, format="png", bbox_inches="tight"))
     plt.close(fig)
     atomic_write(out.with_suffix(".csv"), lambda tmp: numbers.to_csv(tmp, index=index))
     return out
+
+
+def legend_beside(ax, fontsize: float = 7) -> None:
+    """The legend of ``ax`` to the right of it, where it cannot hide data (figures whose
+    lines fill the axes, or whose legends are long)."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0.0)
 
 
 def kv_timeline(iterations: pd.DataFrame) -> pd.DataFrame:

@@ -35,6 +35,7 @@ from replay.engine.metrics import summarize  # noqa: E402
 from replay.errors import InputError  # noqa: E402
 from replay.experiments.plots.common import (  # noqa: E402
     PAPER_SMALLEST_ALPHA,
+    legend_beside,
     plot_kv_timelines,
     save_figure,
 )
@@ -105,7 +106,7 @@ def plot_alpha_search(table: pd.DataFrame, thresholds: pd.DataFrame, out: Path) 
     ax.set_ylim(0, 1.05)
     n = int(table["n_requests"].max())
     ax.set_title(f"alpha-protection: livelock vs alpha, n = {n:,} (A7)", fontsize=10)
-    ax.legend(fontsize=7)
+    legend_beside(ax)
     return save_figure(fig, out, table)
 
 
