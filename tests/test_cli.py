@@ -21,6 +21,9 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+# The default run has the same command line in-process (test_engine_cases: C3's TEL) and
+# a replay's stdout and stderr in a process (the test below).
+@pytest.mark.slow
 def test_c3_example_prints_summary_as_last_line_and_writes_tables(tmp_path):
     out = tmp_path / "c3"
     proc = run_cli("experiment=c3_example", "policy=mcsf", f"hydra.run.dir={out}")
@@ -90,9 +93,13 @@ def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
 @pytest.mark.parametrize(("overrides", "says"), [
     (["policy=mscf"], "policy=mscf: no such option in config group 'policy'; choose one of: "
                       "a_min, clearing, fcfs,"),
-    (["-m", "policy=fcfs,mscf"], "policy=mscf: no such option"),
-    (["policy.alphaa=1"], "policy.alphaa: no such config key; the keys there are: _target_, "
-                          "overflow (to add a new key, write +policy.alphaa=...)"),
+    # Slow: a process each, for lines the default run checks elsewhere (a sweep's bad option
+    # in test_sweeper, an unknown key in-process in test_robustness_config).
+    pytest.param(["-m", "policy=fcfs,mscf"], "policy=mscf: no such option",
+                 marks=pytest.mark.slow),
+    pytest.param(["policy.alphaa=1"], "policy.alphaa: no such config key; the keys there are: "
+                 "_target_, overflow (to add a new key, write +policy.alphaa=...)",
+                 marks=pytest.mark.slow),
     (["seed=[1"], "override 'seed=[1' is not valid Hydra override syntax"),
 ])
 def test_a_config_that_does_not_compose_is_one_error_line_with_the_choices(

@@ -188,6 +188,9 @@ def module(name: str, *args: str):
                           capture_output=True, timeout=300, check=False)
 
 
+# A process per command; the default run checks their help in-process
+# (tests/test_docs_match_code.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_has_help(name):
     done = module(name, "--help")
