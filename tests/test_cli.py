@@ -125,6 +125,10 @@ def test_a_run_prints_a_summary_for_people_on_stderr_and_json_last_on_stdout(tmp
     assert block["Median TPOT (ms)"] == f"{summary['p50_tpot'] * 1e3:,.2f}"
     assert block["P90 E2EL (ms)"] == f"{summary['p90_latency'] * 1e3:,.2f}"
     assert block["Total generated tokens"] == f"{summary['total_output_tokens']:,}"
+    # Every field of a whole run's summary is documented (docs/metrics.md).
+    from tests.test_docs_match_code import metrics_table
+
+    assert set(summary) <= metrics_table("Per run: `summary.json`")
     again = run_cli("workload.n=50", f"hydra.run.dir={tmp_path / 'run'}")  # logs "skipping"
     assert "skipping" in again.stderr  # log lines go to stderr: stdout is the summary alone
     assert len(again.stdout.strip().splitlines()) == 1
