@@ -1,4 +1,4 @@
-"""Sorted-F with interval predictions: A_min and its two naive variants (POLICIES.md §10).
+"""Sorted-F with interval predictions: A_min and its two naive variants (docs/policies/sorted-f.md).
 
 Each request has a predicted interval ``[l, u]`` holding ``o`` (``prediction=``).
 

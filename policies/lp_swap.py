@@ -1,4 +1,4 @@
-"""LP-Swap (POLICIES.md §9): Sorted-LP's order, regrouped into F-improved sets.
+"""LP-Swap (docs/policies/sorted-f.md): Sorted-LP's order, regrouped into F-improved sets.
 
 Walking the remaining requests in ascending LP mean start ``y`` (ties by id), take
 the greedy set under ``sum (s + o) <= M`` (skipping misfits), improve it with

@@ -1,4 +1,4 @@
-"""Nested WAIT: segment thresholds for unknown output lengths (POLICIES.md §7, Algorithm 2).
+"""Nested WAIT: segment thresholds for unknown output lengths (docs/policies/wait.md, Algorithm 2).
 
 Output lengths are not used: only a request's stage (iterations it has had) is
 observed. Segment ``i`` holds stages ``b_{i-1} <= k < b_i`` (``b_0 = 0``; the last

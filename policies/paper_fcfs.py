@@ -1,4 +1,4 @@
-"""The WAIT paper's FCFS (its Example 2 and Proposition 3; EXPERIMENTS.md B0, variant a).
+"""The WAIT paper's FCFS (its Example 2 and Proposition 3; docs/reproducing/wait.md B0, variant a).
 
 Admission is the greedy rule of alpha-protection with ``alpha = 0``: walk the waiting
 queue in order and admit request ``i`` while the KV the running set holds now plus

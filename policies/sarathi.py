@@ -1,4 +1,5 @@
-"""Sarathi-like: decode-prioritising with chunked prefill, non-clairvoyant (POLICIES.md §5).
+"""Sarathi-like: decode-prioritising with chunked prefill, non-clairvoyant
+(docs/policies/serving.md).
 
 Modelled on Sarathi-Serve (and Vidur's ``sarathi`` replica scheduler). Every
 iteration has a budget of ``chunk_size`` tokens:

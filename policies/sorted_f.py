@@ -1,4 +1,4 @@
-"""Sorted-F (POLICIES.md §8): batches by the F metric, executed with the lookahead check.
+"""Sorted-F (docs/policies/sorted-f.md): batches by the F metric, executed with the lookahead check.
 
 Phase 1 (:mod:`policies.common.fmetric`) splits the waiting requests into sets minimising
 ``F(X) = sum o / |X|^2`` under ``phase1_feasibility`` (``peak_sum``, the paper's

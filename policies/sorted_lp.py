@@ -1,4 +1,4 @@
-"""Sorted-LP (POLICIES.md §9): order by the LP relaxation's mean start times, execute
+"""Sorted-LP (docs/policies/sorted-f.md): order by the LP relaxation's mean start times, execute
 with the lookahead check.
 
 Phase 1 solves the LP relaxation of the hindsight program

@@ -1,4 +1,4 @@
-"""vLLM-like: prefill-prioritising, non-clairvoyant (POLICIES.md §4).
+"""vLLM-like: prefill-prioritising, non-clairvoyant (docs/policies/serving.md).
 
 Modelled on vLLM's v0 scheduler (and Vidur's ``vllm`` replica scheduler):
 
@@ -12,7 +12,7 @@ Modelled on vLLM's v0 scheduler (and Vidur's ``vllm`` replica scheduler):
 
 KV is counted in blocks of the engine's ``kv.block_size`` (``block_size`` here
 is the value this policy's yaml asks the engine for: vLLM's 16). A request
-admitted now holds ``prefill_len + 1`` slots after its prefill (MODEL.md: the
+admitted now holds ``prefill_len + 1`` slots after its prefill (docs/model.md: the
 prefill emits token 1), so admission reserves those blocks; vLLM allocates the
 prompt's blocks at admission and the first token's slot at the next step, a
 difference of at most one block per request. Output lengths are not used.

@@ -1,4 +1,4 @@
-"""WAIT: threshold batching for known types (POLICIES.md §6; the WAIT paper's Algorithm 1).
+"""WAIT: threshold batching for known types (docs/policies/wait.md; the WAIT paper's Algorithm 1).
 
 A request's stage is the number of iterations it has had (0 = waiting to start).
 A batch forms only when some type ``j`` has at least ``n_j`` requests at stage 0;

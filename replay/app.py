@@ -17,10 +17,10 @@ called as ``study(cfg=cfg, out_dir=out_dir)`` and returns the summary dict.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -46,15 +46,13 @@ from replay.config.cli import (
 )
 from replay.config.validate import validate_config
 from replay.errors import InputError
-from replay.storage.outputs import atomic_write_text, read_summary, summary_json
-
-if TYPE_CHECKING:
-    import pandas as pd
+from replay.storage.outputs import atomic_write_text, summary_json
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 # Hydra finds plugins by scanning the hydra_plugins folders on sys.path, which misses an
 # editable install's; registering the sweeper by hand works for every install.
 Plugins.instance().register(KvschedSweeper)
+log = logging.getLogger(__name__)
 
 
 #: What Ctrl-C leaves: every run folder holds a finished run or none (the summary is
@@ -103,6 +101,28 @@ def _output_folder() -> str | None:
 def replay_job(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
+        return _replay(cfg, out_dir)
+    except Exception as exc:
+        # The terminal shows the error; the run folder keeps it too, with the traceback of
+        # a bug (a rejected input was written there by _replay as one line).
+        if not getattr(exc, "logged", False):
+            _log_to_file(f"{type(exc).__name__}: {exc}", exc)
+        raise
+
+
+def _log_to_file(message: str, exc: BaseException | None = None) -> None:
+    """Write ``message`` (and ``exc``'s traceback) to the job's log file (``app.log``) only:
+    the console has its own ``error:`` line."""
+    info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, info)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _replay(cfg: DictConfig, out_dir: Path) -> dict:
+    """One job of ``replay_job``: its summary, or its rejected input as one line."""
+    try:
         validate_config(cfg)
         # Imported here, not at the top: the engine (numba, pandas, scipy) is most of the
         # start-up, and `--help`, a config error or a sweep's parent process needs none of it.
@@ -117,6 +137,8 @@ def replay_job(cfg: DictConfig) -> dict:
         # component rejects its config, the config key); no traceback.
         if not is_input_error(exc):
             raise
+        _log_to_file(f"error: {input_error_message(exc)}")
+        exc.logged = True
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             fail(input_error_message(exc))
         # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
@@ -133,44 +155,84 @@ def replay_job(cfg: DictConfig) -> dict:
     return summary
 
 
+#: The width of the printed summary block and of its labels (vLLM's benchmark printout's).
+BLOCK_WIDTH, LABEL_WIDTH = 52, 40
+#: The distributions of the printed block: summary key suffix, section title, short name.
+SECTIONS = (("ttft", "Time to first token", "TTFT"),
+            ("tpot", "Time per output token (excl. 1st token)", "TPOT"),
+            ("tbt", "Inter-token latency", "ITL"),
+            ("latency", "End-to-end latency", "E2EL"))
+
+
 def human_summary(summary: dict, run_dir: Path) -> str:
-    """The run's headline numbers for a person, in the units of its clock (ms and s, or
-    rounds under unit time), like vLLM's benchmark printout."""
+    """The run's headline numbers for a person, laid out like vLLM's benchmark printout
+    (``vllm bench serve``): counts and throughputs, then the mean and the chosen
+    percentiles (``output.percentiles``) of TTFT, TPOT, ITL and end-to-end latency, every
+    time in milliseconds (in rounds under unit time)."""
+    from replay.engine.metrics import DEFAULT_PERCENTILES, percentile_key
+
     rounds = summary.get("time_unit") == "rounds"
+    clock, per = ("rounds", "round") if rounds else ("ms", "s")
+    scale = 1.0 if rounds else 1e3
+    length = "words" if summary.get("length_unit") == "words" else "tokens"
+    config = summary.get("config") or {}
+    chosen = (config.get("output") or {}).get("percentiles") or DEFAULT_PERCENTILES
 
-    def span(seconds) -> str:
-        if seconds is None:
-            return "-"
-        if rounds:
-            return f"{seconds:,.1f} rounds"
-        return f"{seconds * 1e3:,.1f} ms" if abs(seconds) < 1 else f"{seconds:,.2f} s"
+    def row(label: str, value) -> str:
+        return f"{label + ':':<{LABEL_WIDTH}}{value}"
 
-    per = "round" if rounds else "s"
-    policy = summary.get("config", {}).get("policy")
-    lines = [
-        f"{'status':<12}{summary.get('status')} ({summary.get('n_completed', 0):,} of "
-        f"{summary.get('n_requests', 0):,} requests completed)"
-        + (f": {summary['message']}" if summary.get("message") else ""),
-    ]
+    def number(value, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    def rule(title: str = "", fill: str = "-") -> str:
+        return f" {title} ".center(BLOCK_WIDTH, fill) if title else fill * BLOCK_WIDTH
+
+    status = summary.get("status")
+    lines = [rule(f"kvsched replay: {status}", "=")]
+    if summary.get("message"):
+        lines.append(row("Message", summary["message"]))
+    policy = config.get("policy")
     if policy and "_target_" in policy:
-        lines.append(f"{'policy':<12}{policy_label(policy)}")
+        lines.append(row("Policy", policy_label(policy)))
     if "mean_latency" in summary:
-        requests_rate = summary.get("throughput_requests_per_s")
-        tokens_rate = summary.get("throughput_tokens_per_s")
         lines += [
-            f"{'latency':<12}mean {span(summary.get('mean_latency'))}   "
-            f"p50 {span(summary.get('p50_latency'))}   p99 {span(summary.get('p99_latency'))}",
-            f"{'TTFT':<12}mean {span(summary.get('mean_ttft'))}   "
-            f"p99 {span(summary.get('p99_ttft'))}",
-            f"{'TPOT':<12}mean {span(summary.get('mean_tpot'))}   "
-            f"p99 {span(summary.get('p99_tpot'))}",
-            f"{'throughput':<12}"
-            + (f"{requests_rate:,.2f} requests/{per}   {tokens_rate:,.0f} tokens/{per}"
-               if requests_rate is not None and tokens_rate is not None else "-"),
-            f"{'evictions':<12}{summary.get('evictions', 0):,}",
+            row("Completed requests", f"{summary.get('n_completed', 0):,} of "
+                                      f"{summary.get('n_requests', 0):,}"
+                + (" (statistics over these)" if summary.get("partial") else "")),
+            row(f"Duration ({'rounds' if rounds else 's'})", number(summary.get("makespan"))),
+            row(f"Total input {length}", f"{summary.get('total_input_tokens', 0):,}"),
+            row(f"Total generated {length}", f"{summary.get('total_output_tokens', 0):,}"),
+            row(f"Request throughput (req/{per})",
+                number(summary.get("throughput_requests_per_s"))),
+            row(f"Output token throughput (tok/{per})",
+                number(summary.get("throughput_tokens_per_s"))),
+            row(f"Total token throughput (tok/{per})",
+                number(summary.get("throughput_total_tokens_per_s"))),
+            row("Evictions (requests evicted)", f"{summary.get('evictions', 0):,} "
+                                                f"({summary.get('requests_evicted', 0):,})"),
         ]
-    lines.append(f"{'run folder':<12}{_shown(run_dir)}")
+        cache = summary.get("prefix_cache") or {}
+        if cache.get("hit_ratio_tokens") is not None:
+            lines.append(row("Prefix cache hit ratio (tokens)",
+                             number(cache["hit_ratio_tokens"], 3)))
+        if "slo_attainment" in summary:
+            lines += [row("SLO attainment", number(summary["slo_attainment"], 3)),
+                      row(f"Goodput (req/{per})", number(summary.get("goodput_requests_per_s")))]
+        for key, title, short in SECTIONS:
+            lines.append(rule(title))
+            lines.append(row(f"Mean {short} ({clock})", _scaled(summary.get(f"mean_{key}"),
+                                                                scale, number)))
+            for q in chosen:
+                name = "Median" if q == 50 else f"P{q:g}"
+                lines.append(row(f"{name} {short} ({clock})", _scaled(
+                    summary.get(f"{percentile_key(q)}_{key}"), scale, number)))
+    lines += [rule(), row("Run folder", _shown(run_dir))]
     return "\n".join(lines)
+
+
+def _scaled(value, scale: float, number) -> str:
+    """``value`` (seconds or rounds) times ``scale``, as ``number`` writes it."""
+    return number(None if value is None else value * scale)
 
 
 def _shown(path: Path) -> str:
@@ -184,21 +246,25 @@ def _shown(path: Path) -> str:
 class SweepReport:
     """Hydra callback: after a multirun, one table of its jobs and a count of the failed.
 
-    The table (on stderr) has a row per job folder under ``hydra.sweep.dir``: its status,
-    policy, completions, latencies and throughput. A job whose summary has status
+    The table (on stderr, :func:`replay.results.sweep_tables`) has a row per job folder under
+    ``hydra.sweep.dir``: its status, policy, completions, TTFT, TPOT, latency and throughput
+    with their units; when a configuration ran with several seeds, a second table gives
+    each configuration's mean and 95 % interval over them. A job whose summary has status
     ``error``, or one of ``output.fail_on`` (e.g. ``[livelock, stalled]``), counts as
     failed; then the sweep exits with status 1, so a script cannot miss it.
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from replay.results import sweep_jobs, sweep_text
+
         fail_on = {"error", *config.output.get("fail_on", [])}
         sweep = Path(config.hydra.sweep.dir)
-        jobs = {p.parent.name: read_summary(p) or {}
-                for p in sorted(sweep.glob("*/summary.json"))}
+        jobs = sweep_jobs(sweep)
         if jobs:
-            table = sweep_table(jobs).to_string(index=False)
-            print(f"{len(jobs)} jobs in {_shown(sweep)}:\n{table}", file=sys.stderr, flush=True)
-        failed = [s.get("status") for s in jobs.values() if s.get("status") in fail_on]
+            print(f"{len(jobs)} jobs in {_shown(sweep)}:\n{sweep_text(jobs)}", file=sys.stderr,
+                  flush=True)
+        failed = [j.summary.get("status") for j in jobs.values()
+                  if j.summary.get("status") in fail_on]
         if failed:
             counts = {k: failed.count(k) for k in sorted(set(failed))}
             print(f"error: {len(failed)} of {len(jobs)} jobs in {sweep} failed "
@@ -213,24 +279,3 @@ class SweepReport:
     def on_job_start(self, config, **kwargs) -> None: ...
     def on_job_end(self, config, job_return, **kwargs) -> None: ...
     def on_compose_config(self, config, config_name, overrides) -> None: ...
-
-
-def sweep_table(jobs: dict[str, dict]) -> pd.DataFrame:
-    """One row per job (folder name -> summary) with the numbers a person compares."""
-    import pandas as pd  # only a sweep's closing table needs it: not at start-up
-
-    rows = []
-    for folder, s in jobs.items():
-        policy = (s.get("config") or {}).get("policy") or {}
-        rows.append({
-            "job": folder, "status": s.get("status", "?"),
-            "policy": policy_label(policy) if "_target_" in policy else "-",
-            "completed": f"{s.get('n_completed', 0)}/{s.get('n_requests', 0)}",
-            "mean latency": s.get("mean_latency"), "p99 latency": s.get("p99_latency"),
-            f"requests/{'round' if s.get('time_unit') == 'rounds' else 's'}":
-                s.get("throughput_requests_per_s"),
-            # with metrics.slo set: the share of requests meeting it, and goodput
-            **({"SLO attainment": s["slo_attainment"],
-                "goodput/s": s.get("goodput_requests_per_s")} if "slo_attainment" in s else {}),
-        })
-    return pd.DataFrame(rows).round(4)

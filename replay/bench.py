@@ -37,7 +37,7 @@ from replay.config.cli import compose_or_exit, run_or_exit
 from replay.run import build_and_run
 from replay.workloads.synthetic import Synthetic
 
-#: Named scenarios: the threshold policies on their own workloads (EXPERIMENTS.md B).
+#: Named scenarios: the threshold policies on their own workloads (docs/reproducing/wait.md).
 SCENARIOS = {
     "wait_b1_low_linear": ["experiment=b1_wait_low", "paper_policy=wait", "timing=linear",
                            "workload.load=0.8", "workload.duration_s=20"],

@@ -1,4 +1,4 @@
-"""EXPERIMENTS.md D3: ``python -m replay.crosscheck [--n N] [--quick] [--out DIR]``.
+"""docs/reproducing/harness.md D3: ``python -m replay.crosscheck [--n N] [--quick] [--out DIR]``.
 
 Runs Vidur's own event-driven simulator (the ``vidur`` package, offline: the data
 directory's profiles, no wandb, no downloads) and this harness on the same requests
@@ -18,13 +18,13 @@ and ``policy=sarathi``, on LMSYS and arXiv at a low and a high rate. Writes, und
 
 Both simulators price a batch with the same trained Vidur predictor (this harness
 through its exported tables, :mod:`replay.timing.vidur`). What still differs, by name
-(the README's D3 section gives the measured effect of each):
+(docs/reproducing/harness.md D3 gives the measured effect of each):
 
 * **Prefill KV accounting.** Vidur's schedulers pass ``num_processed_tokens + chunk``
   as a prefill's KV size (``vidur/scheduler/replica_scheduler/vllm_replica_scheduler.py``,
   ``next_num_kv_tokens = request.num_processed_tokens + next_num_q_tokens``), so a
   prompt's attention is priced as if its own tokens were already cached; the harness
-  passes the cached tokens only (MODEL.md). Vidur's prefills cost more.
+  passes the cached tokens only (docs/model.md). Vidur's prefills cost more.
 * **Restart after preemption.** ``Request.restart`` in ``vidur/entities/request.py``
   does not reset ``_num_stage_processed_tokens`` or ``_is_prefill_stage_complete``,
   so the first restarted request trips the assertion in ``on_batch_stage_end``

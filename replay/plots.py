@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from policies.labels import policy_label
 from replay.errors import InputError
 from replay.experiments.plots.common import plot_kv_timelines
 from replay.experiments.plots.prefix_cache import plot_cache_timelines
@@ -51,7 +52,8 @@ def finished_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Plot run outputs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.plots", description="Plot run outputs.")
     sub = parser.add_subparsers(dest="figure", required=True)
     kv = sub.add_parser("kv", help="KV usage over time with M marked")
     kv.add_argument("runs", nargs="+", type=Path, help="run directories")
@@ -61,10 +63,12 @@ def main() -> None:
     cache.add_argument("--out", type=Path, default=Path("cache_timeline.png"))
     args = parser.parse_args()
     ensure_writable_dir(args.out.parent)
+    finished = [(run_dir, *finished_run(run_dir)) for run_dir in args.runs]
+    labels = [run_label(summary) for _, summary, _ in finished]
     runs = []
-    for run_dir in args.runs:
-        summary, iterations = finished_run(run_dir)
-        label = f"{run_dir.name} ({summary['status']})"
+    for (run_dir, summary, iterations), label in zip(finished, labels, strict=True):
+        if labels.count(label) > 1:  # two runs of one policy: say which folder is which
+            label += f", {run_dir.name}"
         if args.figure == "kv":
             runs.append((label, iterations, summary["kv_capacity"]))
             continue
@@ -74,6 +78,13 @@ def main() -> None:
         runs.append((label, iterations, summary["kv"]["block_size"], summary["kv_capacity"]))
     plot = plot_kv_timelines if args.figure == "kv" else plot_cache_timelines
     print(plot(runs, args.out))
+
+
+def run_label(summary: dict) -> str:
+    """A run's line label: its policy as people name it, and its status."""
+    policy = (summary.get("config") or {}).get("policy") or {}
+    name = policy_label(policy) if "_target_" in policy else "policy not recorded"
+    return f"{name} ({summary['status']})"
 
 
 if __name__ == "__main__":

@@ -281,9 +281,36 @@ def results_folder(args: argparse.Namespace) -> Path | None:
     return None
 
 
+def target_list(outputs: Path, quick: bool) -> str:
+    """Every target, one per line: its name, whether it needs the data directory, how long
+    its last run under ``outputs`` took and when (from its manifest), and its purpose."""
+    lines = [f"{'target':<26}{'data':<6}{'last run':<27}purpose"]
+    for name, target in TARGETS.items():
+        manifest = read_summary(outputs / f"{name}{'-quick' if quick else ''}" / MANIFEST)
+        last = (f"{manifest['seconds']:,.0f} s ({manifest.get('date', '?')})"
+                if manifest and isinstance(manifest.get("seconds"), int | float) else "never")
+        lines.append(f"{name:<26}{'yes' if target.needs_data else 'no':<6}{last:<27}"
+                     f"{target.description}")
+    return "\n".join(lines)
+
+
+def targets_markdown() -> str:
+    """The table of targets on docs/reproducing/index.md (a test holds the page to it)."""
+    rows = [f"| `{name}` | {'data' if t.needs_data else ''} | {t.description} |"
+            for name, t in TARGETS.items()]
+    return "\n".join(["| target | needs | what |", "|---|---|---|", *rows])
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Options that would be ignored are refused before anything runs: the report's
-    folders without ``report``."""
+    folders without ``report``; no target, or one that does not exist."""
+    if not args.targets:
+        raise ConfigError("name one or more targets, `all` or `report` (`python -m "
+                          "replay.reproduce --list` lists the targets)")
+    unknown = [t for t in args.targets if t not in (*TARGETS, "all", "report")]
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: no such target; `python -m "
+                          f"replay.reproduce --list` lists them")
     if "report" not in args.targets:
         given = [f"--{name}" for name in ("report", "results")
                  if getattr(args, name) is not None]
@@ -297,10 +324,20 @@ RESUME_HINT = "finished runs are kept, and the same command resumes from them"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.reproduce",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="+", choices=[*TARGETS, "all", "report"],
-                        help="targets to run; `all` runs every one, `report` builds the report")
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.reproduce",
+        description="Reproduce the papers' figures: run each target's experiment, draw its "
+                    "figures (PNG + CSV) into --outputs/<target>/, and optionally build the "
+                    "HTML report. `--list` lists the targets.",
+        epilog="Targets and what they need: docs/reproducing/index.md#targets.")
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help="targets to run (`--list` lists them); `all` runs every one, "
+                             "`report` builds the report of whatever has outputs")
+    parser.add_argument("--list", action="store_true",
+                        help="list the targets: purpose, whether they need the data "
+                             "directory, and the time of their last run under --outputs")
+    parser.add_argument("--markdown", action="store_true",
+                        help="with --list: the Markdown table of docs/reproducing/index.md")
     parser.add_argument("--quick", action="store_true", help="scaled-down version")
     parser.add_argument("--force", action="store_true", help="redraw even if up to date")
     parser.add_argument("--outputs", type=Path, default=REPO / "outputs" / "reproduce",
@@ -317,6 +354,9 @@ def main() -> None:
                              "docs/results/ of the checkout, and none with --quick: quick "
                              "results are not results)")
     args = parser.parse_args()
+    if args.list:
+        print(targets_markdown() if args.markdown else target_list(args.outputs, args.quick))
+        return
     run_or_exit(check_arguments, args)
     names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
                                                           if t != "report"]

@@ -30,14 +30,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import yaml
 
 from policies.labels import policy_label
 from replay.config.cli import fail, run_or_exit
 from replay.errors import InputError
-from replay.storage.outputs import atomic_write
+from replay.storage.outputs import atomic_write, read_summary
 
 DEFAULT_TABLE = Path("outputs/results.parquet")
 #: Nested summary records flattened into columns (the rest stay out of the table).
@@ -168,6 +171,122 @@ def nested(row: pd.Series, prefix: str) -> dict:
     return record
 
 
+#: The sweep table's measures: column name, summary key and whether it is a time (shown in
+#: ms, or in rounds under unit time) or a rate (per second, or per round).
+SWEEP_MEASURES = (("TTFT mean", "mean_ttft", "time"), ("TTFT p99", "p99_ttft", "time"),
+                  ("TPOT mean", "mean_tpot", "time"), ("TPOT p99", "p99_tpot", "time"),
+                  ("latency mean", "mean_latency", "time"),
+                  ("latency p99", "p99_latency", "time"),
+                  ("throughput", "throughput_requests_per_s", "rate"))
+#: The 95 % intervals over seeds in the per-configuration table.
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """One job of a multirun: its summary and its configuration, the job's overrides
+    without ``seed`` (jobs that differ only by seed share it)."""
+
+    summary: dict
+    configuration: str
+
+
+def sweep_jobs(sweep: Path) -> dict[str, SweepJob]:
+    """The jobs under a multirun's folder, by folder name, in name order."""
+    jobs = {}
+    for path in sorted(sweep.glob("*/summary.json")):
+        folder = path.parent
+        overrides = folder / ".hydra" / "overrides.yaml"
+        try:
+            given = [str(o) for o in yaml.safe_load(overrides.read_text()) or []]
+        except (OSError, yaml.YAMLError):
+            given = folder.name.split(",")  # a job folder is named after its overrides
+        kept = [o for o in given if o.split("=", 1)[0].lstrip("+~") != "seed"]
+        jobs[folder.name] = SweepJob(read_summary(path) or {}, ",".join(kept) or "(defaults)")
+    return jobs
+
+
+def _units(summaries: list[dict]) -> tuple[str, str]:
+    """The sweep table's time and rate units: ms and /s, or rounds and /round when every
+    job ran under unit time."""
+    if summaries and all(s.get("time_unit") == "rounds" for s in summaries):
+        return "rounds", "req/round"
+    return "ms", "req/s"
+
+
+def _measure(summary: dict, key: str, kind: str) -> float | None:
+    value = summary.get(key)
+    if value is None:
+        return None
+    return value * 1e3 if kind == "time" and summary.get("time_unit") != "rounds" else value
+
+
+def sweep_tables(jobs: dict[str, SweepJob]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The tables printed after a multirun: one row per job (status, policy, completions,
+    TTFT, TPOT, latency and throughput in the units of the column names; SLO attainment and
+    goodput where objectives were set) and, when some configuration ran with several seeds,
+    one row per configuration with the mean and the 95 % t-interval over its seeds
+    (``mean ± half-width``); ``None`` otherwise."""
+    time_unit, rate_unit = _units([job.summary for job in jobs.values()])
+
+    def header(name: str, kind: str) -> str:
+        return f"{name} ({time_unit if kind == 'time' else rate_unit})"
+
+    rows = []
+    for folder, job in jobs.items():
+        s = job.summary
+        policy = (s.get("config") or {}).get("policy") or {}
+        rows.append({
+            "job": folder, "status": s.get("status", "?"),
+            "policy": policy_label(policy) if "_target_" in policy else "-",
+            "completed": f"{s.get('n_completed', 0)}/{s.get('n_requests', 0)}",
+            **{header(name, kind): _measure(s, key, kind) for name, key, kind in SWEEP_MEASURES},
+            # with metrics.slo set: the share of requests meeting it, and goodput
+            **({"SLO attainment": s["slo_attainment"],
+                f"goodput ({rate_unit})": s.get("goodput_requests_per_s")}
+               if "slo_attainment" in s else {}),
+        })
+    per_job = pd.DataFrame(rows)
+    measures = [header(name, kind) for name, _, kind in SWEEP_MEASURES]
+    per_job["configuration"] = [job.configuration for job in jobs.values()]
+    groups = per_job.groupby("configuration", sort=False)
+    per_job = per_job.drop(columns="configuration")
+    if groups.size().max() < 2:
+        return per_job, None
+    summary_rows = []
+    for configuration, part in groups:
+        row = {"configuration": configuration, "policy": part["policy"].iloc[0],
+               "seeds": len(part)}
+        for column in measures:
+            row[column] = _mean_interval(part[column].dropna().astype(float).to_numpy())
+        summary_rows.append(row)
+    return per_job, pd.DataFrame(summary_rows)
+
+
+def _mean_interval(values: np.ndarray) -> str:
+    """``mean ± half-width`` of the 95 % t-interval (the mean alone for one value)."""
+    if values.size == 0:
+        return "-"
+    mean = float(values.mean())
+    if values.size < 2:
+        return f"{mean:,.2f}"
+    from scipy import stats  # only at the end of a multirun: scipy takes a while to import
+
+    # t quantile times the standard error (scipy's t.interval gives nan for equal values).
+    half = float(stats.t.ppf((1 + LEVEL) / 2, values.size - 1) * stats.sem(values))
+    return f"{mean:,.2f} ± {half:,.2f}"
+
+
+def sweep_text(jobs: dict[str, SweepJob]) -> str:
+    """The tables of :func:`sweep_tables` as text, numbers to two decimals."""
+    per_job, per_configuration = sweep_tables(jobs)
+    text = per_job.to_string(index=False, float_format=lambda v: f"{v:,.2f}", na_rep="-")
+    if per_configuration is not None:
+        text += ("\nmean ± 95 % interval over seeds, per configuration:\n"
+                 + per_configuration.to_string(index=False))
+    return text
+
+
 def query(sql: str, table: Path) -> pd.DataFrame:
     import duckdb
 
@@ -193,8 +312,12 @@ def query(sql: str, table: Path) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.results",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.results",
+        description="One results table of many runs: `collect` gathers the summary.json of "
+                    "every run under the given folders into one Parquet file, a row per run; "
+                    "`query` runs DuckDB SQL over it (the view `runs`). Columns: "
+                    "docs/results-table.md.")
     commands = parser.add_subparsers(dest="command", required=True)
     gather = commands.add_parser("collect", help="gather run summaries into one Parquet file")
     gather.add_argument("folders", nargs="+", type=Path)

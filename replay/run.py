@@ -93,7 +93,8 @@ def make_requests(workload, arrivals, seed: int, time_unit: str,
     """Draw the request lengths and their arrival times from independent seeded streams.
 
     The lengths come from ``workload_seed`` when given (``None``: ``seed``), so that a
-    study can keep one request set and re-draw only the arrivals (EXPERIMENTS.md A4).
+    study can keep one request set and re-draw only the arrivals (A4: see
+    docs/reproducing/mcsf.md#a4-spread-over-seeds).
     The expected number of requests is checked against ``max_requests`` first
     (:func:`guard_requests`), so an absurd rate or ``n`` is an error, not an allocation.
     """
@@ -209,7 +210,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     started = time.perf_counter()
     result, requests, timing_info = build_and_run(cfg)
     wall = time.perf_counter() - started
-    summary = summarize(result, slo)
+    summary = summarize(result, slo, cfg.output.get("percentiles"))
     summary.update({
         "wall_time_s": wall,
         "loop_time_s": result.loop_time_s,   # the engine's step loop only (no setup, no output)

@@ -21,6 +21,9 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+# The default run has the same command line in-process (test_engine_cases: C3's TEL) and
+# a replay's stdout and stderr in a process (the test below).
+@pytest.mark.slow
 def test_c3_example_prints_summary_as_last_line_and_writes_tables(tmp_path):
     out = tmp_path / "c3"
     proc = run_cli("experiment=c3_example", "policy=mcsf", f"hydra.run.dir={out}")
@@ -66,6 +69,10 @@ def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
              "{count:1,prompt_len:63,output_len:1}]", f"hydra.sweep.dir={tmp_path}")
     proc = run_cli(*sweep)
     assert proc.returncode == 0, proc.stderr
+    # stdout is the jobs' summaries alone, a JSON object a line (Hydra's launcher lines and
+    # the table go to stderr): `| jq .` reads it.
+    assert [json.loads(line)["status"] for line in proc.stdout.splitlines()] == ["completed"] * 2
+    assert "Launching jobs" in proc.stderr
     # The sweep ends with one table of its jobs, policies by their labels.
     table = proc.stderr[proc.stderr.index("2 jobs in"):].splitlines()
     assert table[1].split()[:3] == ["job", "status", "policy"]
@@ -86,9 +93,13 @@ def test_multirun_sweeps_in_parallel_and_resumes(tmp_path):
 @pytest.mark.parametrize(("overrides", "says"), [
     (["policy=mscf"], "policy=mscf: no such option in config group 'policy'; choose one of: "
                       "a_min, clearing, fcfs,"),
-    (["-m", "policy=fcfs,mscf"], "policy=mscf: no such option"),
-    (["policy.alphaa=1"], "policy.alphaa: no such config key; the keys there are: _target_, "
-                          "overflow (to add a new key, write +policy.alphaa=...)"),
+    # Slow: a process each, for lines the default run checks elsewhere (a sweep's bad option
+    # in test_sweeper, an unknown key in-process in test_robustness_config).
+    pytest.param(["-m", "policy=fcfs,mscf"], "policy=mscf: no such option",
+                 marks=pytest.mark.slow),
+    pytest.param(["policy.alphaa=1"], "policy.alphaa: no such config key; the keys there are: "
+                 "_target_, overflow (to add a new key, write +policy.alphaa=...)",
+                 marks=pytest.mark.slow),
     (["seed=[1"], "override 'seed=[1' is not valid Hydra override syntax"),
 ])
 def test_a_config_that_does_not_compose_is_one_error_line_with_the_choices(
@@ -104,10 +115,20 @@ def test_a_run_prints_a_summary_for_people_on_stderr_and_json_last_on_stdout(tmp
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["n_completed"] == 50
-    for label in ("status", "policy      FCFS (MC-Benchmark)", "latency", "TTFT", "TPOT",
-                  "throughput", f"run folder  {tmp_path / 'run'}"):
-        assert label in proc.stderr
-    assert f"mean {summary['mean_ttft'] * 1e3:,.1f} ms" in proc.stderr
+    block = {line.split(":", 1)[0]: line.split(":", 1)[1].strip()
+             for line in proc.stderr.splitlines() if ":" in line}
+    assert block["Policy"] == "FCFS (MC-Benchmark)"
+    assert block["Completed requests"] == "50 of 50"
+    assert block["Run folder"] == str(tmp_path / "run")
+    # Every time in ms, whatever its size (vLLM's printout), the median and P90 by default.
+    assert block["Mean TTFT (ms)"] == f"{summary['mean_ttft'] * 1e3:,.2f}"
+    assert block["Median TPOT (ms)"] == f"{summary['p50_tpot'] * 1e3:,.2f}"
+    assert block["P90 E2EL (ms)"] == f"{summary['p90_latency'] * 1e3:,.2f}"
+    assert block["Total generated tokens"] == f"{summary['total_output_tokens']:,}"
+    # Every field of a whole run's summary is documented (docs/metrics.md).
+    from tests.test_docs_match_code import metrics_table
+
+    assert set(summary) <= metrics_table("Per run: `summary.json`")
     again = run_cli("workload.n=50", f"hydra.run.dir={tmp_path / 'run'}")  # logs "skipping"
     assert "skipping" in again.stderr  # log lines go to stderr: stdout is the summary alone
     assert len(again.stdout.strip().splitlines()) == 1
@@ -118,6 +139,8 @@ def test_bad_input_is_one_error_line_without_traceback(tmp_path):
     impossible = run_cli("kv.tokens=100", f"hydra.run.dir={tmp_path / 'a'}")
     assert impossible.returncode == 2
     assert "exceeds the KV capacity M = 100" in impossible.stderr
+    # The run folder keeps the error too.
+    assert "exceeds the KV capacity M = 100" in (tmp_path / "a" / "app.log").read_text()
     assert "Traceback" not in impossible.stderr + impossible.stdout
     missing = run_cli("workload=lmsys", f"data_dir={tmp_path / 'nowhere'}",
                       f"hydra.run.dir={tmp_path / 'b'}")

@@ -1,4 +1,4 @@
-"""The MC-SF vs hindsight-optimum study (EXPERIMENTS.md A1/A2): quick runs end to end."""
+"""The MC-SF vs hindsight-optimum study (docs/reproducing/mcsf.md A1/A2): quick runs end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hand-checked replays: every number below was worked out on paper from MODEL.md."""
+"""Hand-checked replays: every number below was worked out on paper from docs/model.md."""
 
 from __future__ import annotations
 

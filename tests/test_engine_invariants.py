@@ -1,4 +1,4 @@
-"""Engine invariants on randomised instances (MODEL.md §3), for every policy and backend."""
+"""Engine invariants on randomised instances (docs/model.md), for every policy and backend."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_same_seed_same_result(instance, seed):
 @settings(max_examples=40, deadline=None)
 @given(instance=instances())
 def test_unit_time_latency_convention(instance):
-    """Under unit time a request started at round p completes at p + o (MODEL.md §1)."""
+    """Under unit time a request started at round p completes at p + o (docs/model.md)."""
     kv, s, o, arrival = instance
     req = replay(s, o, MCSF(EvictLIFO()), kv, arrival=arrival).requests
     assert (req["completion"] == req["start"] + req["output_len"]).all()

@@ -1,4 +1,4 @@
-"""The fluid model (POLICIES.md §6-7) against values computed by hand, in both conventions."""
+"""The fluid model (docs/policies/wait.md) against values computed by hand, in both conventions."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def test_nested_thresholds_from_tail_rates():
     # widths 20, 20, 40, 80: sum(width * tail) = 33,000, so B = 33,000 / 20 gives tails / 20.
     assert scale_thresholds(tails, edges, 1650).tolist() == [15, 14, 12, 8]
     paper = condition_12([15, 14, 12, 8], tails)
-    assert paper["holds"] and not paper["strict"]  # equality, as POLICIES.md says
+    assert paper["holds"] and not paper["strict"]  # equality, as docs/policies/wait.md says
     assert condition_12(scale_thresholds(tails, edges, 33_000, epsilon=0.1), tails)["strict"]
 
 

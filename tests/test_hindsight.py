@@ -1,4 +1,4 @@
-"""The hindsight integer program (POLICIES.md §11) against exhaustive enumeration."""
+"""The hindsight integer program (docs/policies/hindsight.md) against exhaustive enumeration."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def mcsf_starts(inst: Instance) -> tuple[np.ndarray, float]:
 
 
 def test_model_conventions_by_hand():
-    # MODEL.md: s=1, o=2 started at round 1 holds 2 after round 1, 3 after round 2,
+    # docs/model.md: s=1, o=2 started at round 1 holds 2 after round 1, 3 after round 2,
     # completes at 3; latency 3 - a.
     inst = Instance([1, 63], [2, 1], [1, 0], 64)
     assert kv_profile(inst, [1, 0]).tolist() == [64, 2, 3]
@@ -74,8 +74,8 @@ def test_model_conventions_by_hand():
 
 
 def test_c3_example_optimum():
-    # EXPERIMENTS.md C3: one (63, 1) and 21 (1, 2) at time 0, M = 64. Short ones first in
-    # batches of 21 (peak 21*3 = 63) then the long one alone: 21*2 + 3 = 45.
+    # docs/reproducing/sorted-f.md C3: one (63, 1) and 21 (1, 2) at time 0, M = 64. Short ones first
+    # in batches of 21 (peak 21*3 = 63) then the long one alone: 21*2 + 3 = 45.
     inst = Instance([63] + [1] * 21, [1] + [2] * 21, [0] * 22, 64)
     starts, engine_tel = mcsf_starts(inst)
     result = solve(inst, starts, time_limit_s=30)

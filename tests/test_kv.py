@@ -1,4 +1,4 @@
-"""KV capacity modes (MODEL.md §2) against the numbers the spec prints."""
+"""KV capacity modes (docs/model.md) against the numbers the spec prints."""
 
 from __future__ import annotations
 

@@ -188,6 +188,9 @@ def module(name: str, *args: str):
                           capture_output=True, timeout=300, check=False)
 
 
+# A process per command; the default run checks their help in-process
+# (tests/test_docs_match_code.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_has_help(name):
     done = module(name, "--help")
@@ -202,7 +205,7 @@ def test_every_command_has_help(name):
     ("replay.tools.attention_sources", ["data_dir=/nonexistent"], "not found"),
     ("replay.fluid", ["workload=lmsys_synthetic"], "typed workload"),
     ("traces.stats", ["workload=csv", "workload.path=/nonexistent.csv"], "not found"),
-    ("replay.reproduce", ["nope"], "invalid choice"),
+    ("replay.reproduce", ["nope"], "nope: no such target"),
 ])
 def test_every_command_answers_bad_input_with_one_line(name, args, fragment):
     done = module(name, *args)

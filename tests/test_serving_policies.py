@@ -1,6 +1,6 @@
 """vLLM-like and Sarathi-like policies, the preemption modes and the requeue position.
 
-Every number below was worked out by hand from POLICIES.md §4-5 and MODEL.md §3
+Every number below was worked out by hand from docs/policies/serving.md and docs/model.md
 (unit time; ``block_size=1`` unless a case is about blocks).
 """
 

@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.app import sweep_table
 from replay.engine.metrics import SLO, slo_summary, summarize
 from replay.errors import ConfigError
 from replay.experiments.studies import slo_capacity
-from replay.results import run_row
+from replay.results import SweepJob, run_row, sweep_tables
 from tests.conftest import DATA_DIR, replay
 from tests.test_vllm_v1 import v1
 
@@ -76,9 +75,10 @@ def test_the_sweep_and_results_tables_show_attainment_and_goodput(tmp_path):
     summary = {"status": "completed", "n_completed": 4, "n_requests": 4,
                "config": {"policy": {"_target_": "policies.vllm_v1.VLLMV1"}},
                **slo_summary(REQUESTS, 10.0, SLO(ttft_ms=1000, tpot_ms=50))}
-    table = sweep_table({"job": summary, "other": {"status": "completed"}})
+    table, _ = sweep_tables({"job": SweepJob(summary, "a"),
+                             "other": SweepJob({"status": "completed"}, "b")})
     assert table["SLO attainment"].tolist()[0] == 0.25
-    assert table["goodput/s"].tolist()[0] == 0.1
+    assert table["goodput (req/s)"].tolist()[0] == 0.1
     assert pd.isna(table["SLO attainment"].tolist()[1])
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     row = run_row(tmp_path / "summary.json")

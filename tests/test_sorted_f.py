@@ -1,4 +1,4 @@
-"""Sorted-F, its Phase-1 solvers and the A_min variants (POLICIES.md §8, §10)."""
+"""Sorted-F, its Phase-1 solvers and the A_min variants (docs/policies/sorted-f.md)."""
 
 from __future__ import annotations
 

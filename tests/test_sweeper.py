@@ -3,6 +3,8 @@ job runs, and that a config error in any job still stops the sweep before the fi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hydra_plugins.kvsched_sweeper.sweeper import representatives
@@ -71,6 +73,10 @@ def test_a_sweep_runs_every_job(tmp_path):
                    f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(tmp_path.glob("*/summary.json"))) == 6
+    # stdout is the six summaries, a JSON object a line, and nothing else (`| jq .` reads
+    # it): Hydra's launcher lines and the sweep's table go to stderr.
+    assert [json.loads(line)["status"] for line in proc.stdout.splitlines()] == ["completed"] * 6
+    assert "mean ± 95 % interval over seeds" in proc.stderr  # three seeds per policy
 
 
 def test_the_default_sweeper_config_composes_to_kvscheds_sweeper():

@@ -1,4 +1,4 @@
-"""WAIT and Nested WAIT (POLICIES.md §6-7): hand-worked schedules, the throughput and
+"""WAIT and Nested WAIT (docs/policies/wait.md): hand-worked schedules, the throughput and
 stability claims, the B0 cascade, and invariants. Unit time unless stated."""
 
 from __future__ import annotations

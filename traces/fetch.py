@@ -6,7 +6,7 @@ picks one of the two).
 
 Each file is fetched with pooch from a commit-pinned GitHub raw URL and checked against the
 SHA-256 of the copy the project was developed with; a file already present with the right hash
-is left alone. Needs internet access (it cannot run on the offline build machine).
+is left alone. Needs internet access.
 """
 
 from __future__ import annotations
@@ -60,15 +60,21 @@ def fetch(files: Iterable[RemoteFile], data_dir: Path,
         except ValueError as exc:  # pooch's hash mismatch
             raise FetchError(f"{remote.url}: the download does not match the expected "
                              f"SHA-256 {remote.sha256} for {remote.relpath} ({exc}); the "
-                             f"origin has changed, see the README's 'Data directory' "
-                             f"section") from exc
+                             f"origin has changed, see 'The data directory' in "
+                             f"docs/workloads.md") from exc
         except OSError as exc:  # requests' errors are OSErrors too
             raise FetchError(f"{remote.url}: download failed ({exc})") from exc
     return paths
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m traces.fetch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m traces.fetch",
+        description="Download the data files from their public origins: the traces into "
+                    "DATA_DIR/traces/, the Vidur A100 profiles into DATA_DIR/vidur/profiling/. "
+                    "Each file comes from a commit-pinned GitHub URL and is checked against "
+                    "its SHA-256; a file already there with the right hash is left alone. "
+                    "Needs internet access.")
     parser.add_argument("--data-dir", default=os.environ.get("KVSCHED_DATA_DIR"),
                         help="data directory (default: $KVSCHED_DATA_DIR)")
     parser.add_argument("--only", choices=("traces", "profiles"),

@@ -5,8 +5,8 @@ Composes the same Hydra config as ``python -m replay`` (so any override works, e
 ``workload=lmsys workload.n=null`` for the whole file, ``seed=3``) and draws the workload's
 requests exactly as a replay with that config would. Prints count, mean, median, p90, p99 and
 max of the prompt and output lengths, the length unit, and the rows dropped and why.
-``--output-types 50:500`` also clusters the outputs into types by length bin (EXPERIMENTS.md
-B3: each bin's output length, count, share of the rate and mean prompt).
+``--output-types 50:500`` also clusters the outputs into types by length bin
+(docs/reproducing/wait.md B3: each bin's output length, count, share of the rate and mean prompt).
 
 ``prefix`` replays a trace's requests in arrival order through an LRU prefix cache
 (:mod:`replay.workloads.prefix_stats`: unbounded unless ``--capacity-tokens``; blocks of

@@ -1,4 +1,4 @@
-"""Phase 1 of Sorted-F (POLICIES.md §8): split a backlog into batches by the F metric.
+"""Phase 1 of Sorted-F (docs/policies/sorted-f.md): split a backlog into batches by the F metric.
 
 ``F(X) = sum_{i in X} o_i / |X|^2`` (smaller is better). Phase 1 repeatedly picks a
 feasible ``X``, sorts it by ascending ``(o, id)``, appends it to the order list and
@@ -27,7 +27,7 @@ from replay.errors import ConfigError
 
 SOLVERS = ("dp", "swap", "quantile")
 FEASIBILITY = ("peak_sum", "staggered")
-#: The quantile solver's sample quantile (POLICIES.md §8).
+#: The quantile solver's sample quantile (docs/policies/sorted-f.md).
 QUANTILE = 0.3
 #: Largest DP table (cells) the exact solver builds: 400 MB of float64.
 DP_CELLS = 50_000_000
@@ -127,7 +127,7 @@ def select_dp(s: np.ndarray, o: np.ndarray, ids: np.ndarray, kv_capacity: int) -
 
 def select_swap(s: np.ndarray, o: np.ndarray, ids: np.ndarray, kv_capacity: int,
                 feasibility: str, initial_order: np.ndarray | None = None) -> list[int]:
-    """Greedy start, then first-improvement one-in-one-out swaps (POLICIES.md §8).
+    """Greedy start, then first-improvement one-in-one-out swaps (docs/policies/sorted-f.md).
 
     The start takes requests in ascending ``(s + o, id)`` (LP-Swap passes its own
     ``initial_order``), skipping misfits. A scan walks ``X`` in insertion order (a
@@ -193,7 +193,7 @@ def _first_staggered_swap(members, outside, s, o, kv_capacity):
 
 def select_quantile(s: np.ndarray, o: np.ndarray, ids: np.ndarray, kv_capacity: int,
                     feasibility: str, rng: np.random.Generator) -> list[int]:
-    """Two greedy passes around sample quantiles (POLICIES.md §8).
+    """Two greedy passes around sample quantiles (docs/policies/sorted-f.md).
 
     A sample of ``max(1, floor(n / 2))`` requests, drawn without replacement from
     ``rng`` at every call, gives ``Q_p`` and ``Q_o``, the 0.3-quantiles (numpy's

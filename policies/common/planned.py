@@ -2,7 +2,7 @@
 
 Phase 1 turns the waiting requests into one execution order; Phase 2 admits from
 that order with the lookahead check, stopping at the first failure
-(POLICIES.md §8). This module keeps the order between steps:
+(docs/policies/sorted-f.md). This module keeps the order between steps:
 
 * Receding horizon (arrivals over time, beyond the papers): when a request that
   no plan has seen is waiting, Phase 1 is rerun over every waiting request.

@@ -1,6 +1,6 @@
-"""The hindsight benchmark (POLICIES.md §11), not an online policy: the time-indexed
+"""The hindsight benchmark (docs/policies/hindsight.md), not an online policy: the time-indexed
 integer program over a whole instance known in advance, its LP relaxation (also the
-plan of Sorted-LP and LP-Swap, POLICIES.md §9) and an exhaustive reference for tests.
+plan of Sorted-LP and LP-Swap, docs/policies/sorted-f.md) and an exhaustive reference for tests.
 
 Modules: :mod:`~replay.bounds.instance` (instances, schedules, tails),
 :mod:`~replay.bounds.lp` (the LP relaxation), :mod:`~replay.bounds.ip` (the
@@ -11,7 +11,7 @@ holds ``s_i + j`` slots after its ``j``-th iteration (round ``p + j - 1``) and
 completes at ``p + o_i``; TEL ``= sum_i (p_i + o_i - a_i)``. The memory
 constraint is written per *iteration round* ``tau``: the KV held after
 iteration ``tau`` is ``sum_i (s_i + tau - p_i + 1)`` over the requests with
-``p_i <= tau <= p_i + o_i - 1``. This is POLICIES.md's row ``t = tau + 1``.
+``p_i <= tau <= p_i + o_i - 1``. This is docs/policies/hindsight.md's row ``t = tau + 1``.
 
 Horizon: request ``i`` may start no later than
 ``min(a_i + UB - sum_j o_j, max_j a_j + sum_j o_j - o_i)`` (the two valid bounds

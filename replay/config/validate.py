@@ -67,6 +67,9 @@ RULES = (
     Rule("output.fail_on", list, lambda v: all(s in FAILURE_STATUSES for s in v),
          f"a list of run statuses, each one of {', '.join(FAILURE_STATUSES)} (e.g. "
          f"[livelock, stalled])"),
+    Rule("output.percentiles", list, lambda v: len(v) > 0 and all(
+        isinstance(q, int | float) and not isinstance(q, bool) and 0 <= q <= 100 for q in v),
+        "a list of percentiles, numbers from 0 to 100 (e.g. [50, 90, 99])"),
 )
 
 

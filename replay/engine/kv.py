@@ -1,4 +1,4 @@
-"""KV-cache capacity ``M`` in token slots: the three modes of MODEL.md §2 and vLLM's sizing.
+"""KV-cache capacity ``M`` in token slots: the three modes of docs/model.md and vLLM's sizing.
 
 Each mode is a function instantiated by Hydra from ``configs/kv/*.yaml``;
 all return a :class:`KVCapacity` that records how ``M`` was obtained, so every

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,8 +71,26 @@ def slo_summary(requests: pd.DataFrame, makespan: float, slo: SLO) -> dict:
             "goodput_requests_per_s": good / makespan if makespan > 0 else None}
 
 
-def summarize(result: RunResult, slo: SLO | None = None) -> dict:
-    """The headline numbers of MODEL.md §1 (latencies over completed requests).
+#: The percentiles a summary reports by default (``output.percentiles``), as vLLM's benchmark
+#: reports median and P99 and people compare P90 too.
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+#: Percentiles every summary holds whatever is chosen, so that its keys stay comparable.
+ALWAYS_PERCENTILES = (50.0, 99.0)
+#: The distributions a summary reports a mean and percentiles of: end-to-end latency, time to
+#: first token, time per output token and the gap between consecutive tokens (vLLM's E2EL,
+#: TTFT, TPOT and ITL).
+DISTRIBUTIONS = ("latency", "ttft", "tpot", "tbt")
+
+
+def percentile_key(q: float) -> str:
+    """The summary key prefix of percentile ``q``: ``p50``, ``p99``, ``p99.9``."""
+    return f"p{q:g}"
+
+
+def summarize(result: RunResult, slo: SLO | None = None,
+              percentiles: Iterable[float] | None = None) -> dict:
+    """The headline numbers of a run (docs/model.md#metrics-in-one-paragraph; every field is
+    listed in docs/metrics.md), latencies over completed requests.
 
     ``makespan`` is the end of the last executed iteration (the clock starts at
     0); throughput is generated tokens of completed requests per unit of time
@@ -87,6 +105,13 @@ def summarize(result: RunResult, slo: SLO | None = None) -> dict:
     stall across a preemption included (the user waits for it). ``p99_tbt`` is
     exact to the histogram's 0.1 % bin width; mean and max are exact.
 
+    Each distribution of :data:`DISTRIBUTIONS` has its mean and, for every percentile of
+    ``percentiles`` (``None``: :data:`DEFAULT_PERCENTILES`) and of
+    :data:`ALWAYS_PERCENTILES`, a key ``p<q>_<name>`` (``p90_ttft``; the median is
+    ``p50_``). ``total_input_tokens`` and ``total_output_tokens`` are the prompt
+    and output tokens of completed requests (vLLM's totals over successful requests), and
+    ``throughput_total_tokens_per_s`` their sum per unit of time.
+
     With ``slo`` (:class:`SLO`) the summary adds its attainment and goodput
     (:func:`slo_summary`).
     """
@@ -96,13 +121,25 @@ def summarize(result: RunResult, slo: SLO | None = None) -> dict:
     executed = it[~it["failed"]] if len(it) else it
     makespan = float((it["start_time"] + it["duration"]).max()) if len(it) else 0.0
     tokens = float(done["output_len"].sum())
+    input_tokens = int(done["prompt_len"].sum())
+    chosen = DEFAULT_PERCENTILES if percentiles is None else percentiles
+    quantiles = tuple(sorted({*ALWAYS_PERCENTILES, *map(float, chosen)}))
 
-    def pct(q: float) -> float | None:
-        return float(np.percentile(latency, q)) if latency.size else None
-
-    gaps = result.token_gaps.summary(quantiles=(0.99,))
+    gaps = result.token_gaps.summary(quantiles=tuple(q / 100 for q in quantiles))
     # Time per output token of each completed request after its first (vLLM's TPOT).
     tpot = done["tbt_mean"].dropna().to_numpy()
+    samples = {"latency": latency, "ttft": done["ttft"].to_numpy(float), "tpot": tpot}
+
+    def spread(name: str) -> dict:
+        """The mean and percentiles of one distribution (the token gaps from their histogram,
+        the rest over completed requests)."""
+        if name == "tbt":
+            return {"mean_tbt": gaps["mean"],
+                    **{f"{percentile_key(q)}_tbt": gaps[q / 100] for q in quantiles}}
+        values = samples[name]
+        return {f"mean_{name}": float(values.mean()) if values.size else None,
+                **{f"{percentile_key(q)}_{name}": float(np.percentile(values, q))
+                   if values.size else None for q in quantiles}}
 
     summary = {
         "status": result.status,
@@ -113,19 +150,15 @@ def summarize(result: RunResult, slo: SLO | None = None) -> dict:
         "n_completed": int(len(done)),
         "n_dropped": result.dropped,
         "tel": float(latency.sum()),
-        "mean_latency": float(latency.mean()) if latency.size else None,
-        "p50_latency": pct(50),
-        "p99_latency": pct(99),
-        "mean_ttft": float(done["ttft"].mean()) if len(done) else None,
-        "p99_ttft": float(np.percentile(done["ttft"], 99)) if len(done) else None,
-        "mean_tpot": float(tpot.mean()) if tpot.size else None,
-        "p99_tpot": float(np.percentile(tpot, 99)) if tpot.size else None,
-        "mean_tbt": gaps["mean"],
-        "p99_tbt": gaps[0.99],
+        **{key: value for name in DISTRIBUTIONS for key, value in spread(name).items()},
         "max_tbt": gaps["max"],
         "n_token_gaps": gaps["count"],
         "throughput_tokens_per_s": tokens / makespan if makespan > 0 else None,
         "throughput_requests_per_s": len(done) / makespan if makespan > 0 else None,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": int(tokens),
+        "throughput_total_tokens_per_s": (input_tokens + tokens) / makespan
+        if makespan > 0 else None,
         "evictions": int(req["evictions"].sum()),
         "requests_evicted": int((req["evictions"] > 0).sum()),
         "makespan": makespan,

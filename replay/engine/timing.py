@@ -16,7 +16,7 @@ class BatchShape:
     this iteration: its prompt chunk while it is prefilling, else 1.
     ``context[k]`` is the number of KV-cache slots request ``k`` holds *before*
     the iteration (already-cached tokens, not cached + new). Under the convention
-    of MODEL.md a request that has emitted ``j`` tokens holds ``s + j`` slots,
+    of docs/model.md a request that has emitted ``j`` tokens holds ``s + j`` slots,
     which is also what Vidur calls ``num_processed_tokens`` for a decode.
     ``is_prefill[k]`` is true when request ``k`` processes prompt tokens.
     """

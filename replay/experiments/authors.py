@@ -442,7 +442,8 @@ PARTS: tuple[Part, ...] = (PRICING_PART, *(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.experiments.authors", description=__doc__.split("\n\n")[0])
     parser.add_argument("target_dir", type=Path, nargs="?",
                         default=Path("outputs/reproduce/b1_authors"),
                         help="the b1_authors target folder (its runs/ holds the sweeps)")

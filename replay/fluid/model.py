@@ -1,6 +1,6 @@
-"""The fluid model of the WAIT paper (POLICIES.md §6-7), as plain functions.
+"""The fluid model of the WAIT paper (docs/policies/wait.md), as plain functions.
 
-Types are ``(s, o, rate)`` in this harness's convention (MODEL.md: ``o``
+Types are ``(s, o, rate)`` in this harness's convention (docs/model.md: ``o``
 iterations, holding ``s + j`` after the iteration that emits token ``j``). A
 paper type ``(l, l')`` has exactly the footprint of ``(s, o) = (l - 1, l' + 1)``;
 ``convention="paper"`` takes types as ``(l, l')`` and reports the paper's own
@@ -159,7 +159,7 @@ def wait_thresholds(mix: TypeMix, rule: str, batch_limit: float | None = None,
                     d0: float | None = None, d1: float | None = None, d2: float = 0.0,
                     max_steps: int = 1_000_000, d3: float = 0.0,
                     d4: float = 0.0) -> np.ndarray | None:
-    """Per-stage thresholds ``n_j`` of WAIT (POLICIES.md §6); ``None`` if none exist.
+    """Per-stage thresholds ``n_j`` of WAIT (docs/policies/wait.md); ``None`` if none exist.
 
     * ``fluid``: ``max(1, round(B rate_j / sum_k rate_k o_k))`` (a full iteration holds
       about ``B`` requests);
@@ -288,7 +288,7 @@ def theta(n_k: float, n_prev: float, p: float) -> float:
 
 def segment_memory_terms(output_len: np.ndarray, rate: np.ndarray, prompt_len: float,
                          segments: int, n: np.ndarray, horizon: float, delta: float) -> dict:
-    """The three memory terms of the segment design (paper §7.2; POLICIES.md §7).
+    """The three memory terms of the segment design (paper §7.2; docs/policies/wait.md).
 
     Types are ``l' = output_len`` (paper convention) with common prompt ``l``; the
     ``m`` types are cut into ``segments`` groups of ``m / L`` consecutive lengths,

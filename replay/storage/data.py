@@ -36,8 +36,8 @@ CACHE_ENV = "KVSCHED_CACHE_DIR"
 FETCH_HINT = (
     "Set the data directory with the environment variable KVSCHED_DATA_DIR or the "
     "option data_dir=/path/to/data, or download the files there with "
-    "`python -m traces.fetch --data-dir /path/to/data` (needs internet; see README, "
-    "'Data directory')."
+    "`python -m traces.fetch --data-dir /path/to/data` (needs internet; see "
+    "docs/workloads.md, 'The data directory')."
 )
 
 

@@ -83,7 +83,8 @@ def summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.tools.attention_sources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/attention_sources"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides (e.g. data_dir=...)")
     args = parser.parse_args(argv)

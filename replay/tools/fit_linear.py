@@ -24,7 +24,8 @@ def batch_count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.tools.fit_linear", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=batch_count, default=4000,
                         help=f"batches in the fitting mix, 1..{MAX_BATCHES:,}")
     parser.add_argument("--seed", type=int, default=0)

@@ -75,7 +75,8 @@ def explain(experiment: str, overrides, out: Path | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.tools.shapes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="CSV of the shapes (default outputs/timing_shapes.csv), or JSON "
                              "of --explain (default: not saved)")

@@ -201,7 +201,8 @@ subtracted (the run's meta.json does not break it down).
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replay.tools.timing_sources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/timing-sources.md"))
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                         help="aiconfigurator frameworks to compare with Vidur")

@@ -53,7 +53,8 @@ def apportion(total: int, weights: Mapping[str, float]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Mixed:
-    """Several workloads shuffled together (EXPERIMENTS.md C2: 1,600 LMSYS + 400 arXiv).
+    """Several workloads shuffled together (docs/reproducing/sorted-f.md C2: 1,600 LMSYS + 400
+    arXiv).
 
     ``parts`` maps a name to a workload. Either ``counts`` (name -> number of
     requests drawn from that part) or ``ratio`` (name -> weight, with ``n`` the
@@ -122,7 +123,7 @@ class RequestGroup:
 class FixedGroups:
     """An explicit list of request groups, each ``{count, prompt_len, output_len}``.
 
-    Used for hand-checkable instances such as EXPERIMENTS.md C3. Requests keep
+    Used for hand-checkable instances such as docs/reproducing/sorted-f.md C3. Requests keep
     the listed order (which decides ties in FCFS).
     """
 

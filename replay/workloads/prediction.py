@@ -1,4 +1,4 @@
-"""Output-length predictions (POLICIES.md §10), a config group (``prediction=``).
+"""Output-length predictions (docs/policies/sorted-f.md), a config group (``prediction=``).
 
 A predictor turns the true outputs ``o`` into an interval ``[lo, hi]`` and a point
 estimate; policies see them as the view's ``predicted_lo``, ``predicted_hi`` and

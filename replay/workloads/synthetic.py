@@ -22,7 +22,7 @@ def _ceil_clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
 class Synthetic:
     """Seeded synthetic lengths; ``s`` and ``o`` are drawn independently.
 
-    ``distribution`` (the C1 ones use EXPERIMENTS.md C1's parameters, which are
+    ``distribution`` (the C1 ones use docs/reproducing/sorted-f.md C1's parameters, which are
     defined for lengths in [1, 50]; continuous draws are rounded up, then
     clipped to ``[prompt_min, prompt_max]`` / ``[output_min, output_max]``):
 
@@ -33,7 +33,7 @@ class Synthetic:
     * ``mixed``: inputs from ``Exponential(scale 10)`` with probability 0.8 and
       ``LogNormal(ln 40, 0.25)`` otherwise (drawn per request), values over 50
       redrawn once from ``U(40, 50)``; outputs ``Exponential(scale 5)``;
-    * ``a1``: the MC-SF paper's generator (EXPERIMENTS.md A1), given the KV
+    * ``a1``: the MC-SF paper's generator (docs/reproducing/mcsf.md A1), given the KV
       capacity ``kv_tokens``: ``s ~ U{1..prompt_max}``, ``o ~ U{1..kv_tokens - s}``.
     """
 

@@ -104,7 +104,7 @@ class Typed:
 
 
 def output_length_types(requests: Requests, width: int, max_len: int) -> pd.DataFrame:
-    """Cluster a trace's outputs into types by length bin (EXPERIMENTS.md B3).
+    """Cluster a trace's outputs into types by length bin (docs/reproducing/wait.md B3).
 
     Bin ``k`` holds outputs in ``((k - 1) * width, k * width]``; its type has output
     ``k * width``, the bin's mean prompt, and a rate share proportional to its

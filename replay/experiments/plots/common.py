@@ -22,13 +22,21 @@ from replay.storage.outputs import atomic_write, ensure_writable_dir  # noqa: E4
 
 
 def save_figure(fig, out: Path, numbers: pd.DataFrame, index: bool = False) -> Path:
-    """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV."""
+    """Save ``fig`` as ``out`` (PNG) and the ``numbers`` behind it next to it as CSV. The
+    image grows to hold what lies outside the axes (a legend beside them)."""
     fig.tight_layout()
     ensure_writable_dir(out.parent)
-    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=150, format="png", bbox_inches="tight"))
     plt.close(fig)
     atomic_write(out.with_suffix(".csv"), lambda tmp: numbers.to_csv(tmp, index=index))
     return out
+
+
+def legend_beside(ax, fontsize: float = 7) -> None:
+    """The legend of ``ax`` to the right of it, where it cannot hide data (figures whose
+    lines fill the axes, or whose legends are long)."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0.0)
 
 
 def kv_timeline(iterations: pd.DataFrame) -> pd.DataFrame:
@@ -149,7 +157,7 @@ PAPER_A3_SLOPE_RATIO = {50: 3, 10: 8}
 
 
 def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    """EXPERIMENTS.md A3 as the paper plots it: the average latency of a separate run of
+    """docs/reproducing/mcsf.md A3 as the paper plots it: the average latency of a separate run of
     ``n`` requests vs ``n``, one figure per arrival rate, one line per policy with its
     least-squares slope and the slope's ratio to MC-SF's in the legend.
 
@@ -196,7 +204,8 @@ def plot_latency_vs_n_runs(sweep_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def plot_kv_of_sweep(sweep_dir: Path, out_dir: Path, policy: str = "MC-SF") -> list[Path]:
-    """EXPERIMENTS.md A5: KV usage over time of ``policy`` at every arrival rate of a sweep."""
+    """docs/reproducing/mcsf.md A5: KV usage over time of ``policy`` at every arrival rate of
+    a sweep."""
     runs, units = [], set()
     for summary_path in largest_runs(sweep_dir):
         summary, _, iterations = load_run(summary_path.parent)
@@ -306,8 +315,8 @@ def seed_statistics(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_seed_statistics(sweep_dir: Path, out_dir: Path) -> list[Path]:
-    """EXPERIMENTS.md A4: mean, std, max and min over seeds of each policy's average latency,
-    one figure per requeue position when both were run.
+    """docs/reproducing/mcsf.md A4: mean, std, max and min over seeds of each policy's average
+    latency, one figure per requeue position when both were run.
 
     Only runs that completed enter the statistics; ``n_livelock`` counts the others.
     """
@@ -361,7 +370,7 @@ _A6_AXIS = {"alpha": "protection level alpha (fraction of M kept free)",
 
 
 def plot_sensitivity(sweep_dir: Path, out_dir: Path, x: str, series: str) -> list[Path]:
-    """EXPERIMENTS.md A6: average latency vs the config value ``x``, one line per value of
+    """docs/reproducing/mcsf.md A6: average latency vs the config value ``x``, one line per value of
     ``series``, one figure per arrival rate, the paper's best range shaded. Livelocked runs
     are left out of the lines, counted in the legend and listed in the CSV; a panel with no
     line of two finished points says so instead of drawing dots."""

@@ -1,4 +1,4 @@
-"""EXPERIMENTS.md D1: every policy on every workload, one table (CSV + Markdown) and a
+"""docs/reproducing/harness.md D1: every policy on every workload, one table (CSV + Markdown) and a
 heatmap of each policy's average latency over the best policy of its setting.
 
 The table is read from the target's results table (:func:`replay.results.runs_under`);

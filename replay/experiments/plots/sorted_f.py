@@ -1,4 +1,4 @@
-"""Figures of the Sorted-F experiments (EXPERIMENTS.md C2 and D2) from their sweeps.
+"""Figures of the Sorted-F experiments (docs/reproducing/sorted-f.md C2 and D2) from their sweeps.
 
 Every figure is saved with the CSV of the numbers behind it
 (:func:`replay.experiments.plots.common.save_figure`); error bars are standard errors

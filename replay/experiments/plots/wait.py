@@ -1,4 +1,4 @@
-"""Figures of the WAIT experiments (EXPERIMENTS.md B), each a PNG plus the CSV behind it.
+"""Figures of the WAIT experiments (docs/reproducing/wait.md), each a PNG plus the CSV behind it.
 
 Every B run records its fluid benchmark (``summary["fluid"]``: the equilibrium of
 its typed rates under the linear coefficients of its model and hardware), so the
@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from replay.experiments.plots.common import policy_labels, save_figure  # noqa: E402
+from replay.experiments.plots.common import legend_beside, policy_labels, save_figure  # noqa: E402
 from replay.results import runs_under  # noqa: E402
 
 
@@ -120,7 +120,7 @@ def plot_wait_sweep(sweep_dir: Path, out_dir: Path, x: str, name: str,
                        "batch_limit": "batch limit B (requests in a batch)"}[x])
         ax.set_ylabel(metric)
         ax.set_ylim(0, None)
-        ax.legend(fontsize=7)
+        legend_beside(ax)
     if stats[x].nunique() < 2:
         fig.text(0.5, 0.01, f"only one {x.replace('_', ' ')} was run: no curve",
                  ha="center", fontsize=8)
@@ -214,6 +214,6 @@ def plot_policy_bars(sweep_dir: Path, out_dir: Path, name: str,
         ax.set_ylabel(label)
         ax.set_ylim(0, None)
         ax.set_xlim(-width, len(groups) - 1 + 0.8)
-    axes[0].legend(fontsize=7)
+    legend_beside(axes[0])
     fig.suptitle(name + ("" if evictions else " (no evictions in any run)"))
     return [save_figure(fig, out_dir / "policies.png", stats)]

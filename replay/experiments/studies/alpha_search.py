@@ -1,6 +1,7 @@
-"""EXPERIMENTS.md A7: alpha-protection's endless cycle, and the smallest alpha that escapes it.
+"""docs/reproducing/mcsf.md A7: alpha-protection's endless cycle, and the smallest alpha that
+escapes it.
 
-For each arrival rate and requeue position of cleared requests (MODEL.md §3:
+For each arrival rate and requeue position of cleared requests (docs/model.md, requeueing:
 ``front`` or ``back``) the study replays alpha-protection greedy (``ClearAll``
 on overflow) on the experiment's workload for every ``alpha`` on a grid, and
 records each run's status. The smallest alpha that finishes is reported two
@@ -34,6 +35,7 @@ from replay.engine.metrics import summarize  # noqa: E402
 from replay.errors import InputError  # noqa: E402
 from replay.experiments.plots.common import (  # noqa: E402
     PAPER_SMALLEST_ALPHA,
+    legend_beside,
     plot_kv_timelines,
     save_figure,
 )
@@ -104,7 +106,7 @@ def plot_alpha_search(table: pd.DataFrame, thresholds: pd.DataFrame, out: Path) 
     ax.set_ylim(0, 1.05)
     n = int(table["n_requests"].max())
     ax.set_title(f"alpha-protection: livelock vs alpha, n = {n:,} (A7)", fontsize=10)
-    ax.legend(fontsize=7)
+    legend_beside(ax)
     return save_figure(fig, out, table)
 
 

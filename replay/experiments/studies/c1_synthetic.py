@@ -1,4 +1,4 @@
-"""EXPERIMENTS.md C1: the Sorted-F family on synthetic backlogs (unit time, M = 100).
+"""docs/reproducing/sorted-f.md C1: the Sorted-F family on synthetic backlogs (unit time, M = 100).
 
 Per distribution and trial, ``n`` requests (Mixed: 200) with ``s, o`` in [1, 50]
 are drawn (``workload=synthetic``'s generators) and all arrive at round 0. Every

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 from policies.labels import policy_label  # noqa: E402
 from replay.config import compose_config  # noqa: E402
 from replay.errors import ConfigError, InputError  # noqa: E402
-from replay.experiments.plots.common import save_figure  # noqa: E402
+from replay.experiments.plots.common import legend_beside, save_figure  # noqa: E402
 from replay.experiments.studies.fluid_benchmark import scenario_types  # noqa: E402
 from replay.fluid.model import (  # noqa: E402
     COEFFICIENTS,
@@ -217,12 +217,13 @@ def plot(table: pd.DataFrame, growth_limit: float, out: Path) -> Path:
                    label=f"growth limit ({growth_limit:g}x): above it, unstable")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 3 x 10^0
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1, 2, 5 x 10^k, no others
+            axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
             axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("arrival rate / fluid boundary rate (load)")
         ax.set_ylabel("mean queueing delay, long / short horizon (x)")
-        ax.legend(fontsize=6)
+        legend_beside(ax, fontsize=6)
     return save_figure(fig, out, table)
 
 

@@ -1,4 +1,4 @@
-"""MC-SF against the hindsight optimum (EXPERIMENTS.md A1, A2 and the small A1s, A2s).
+"""MC-SF against the hindsight optimum (docs/reproducing/mcsf.md A1, A2 and the small A1s, A2s).
 
 Each trial draws ``M``, then either ``n`` requests at time 0 (offline) or a
 horizon ``T`` and a rate ``lambda`` with Poisson arrivals per round (online);

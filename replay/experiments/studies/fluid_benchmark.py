@@ -1,4 +1,4 @@
-"""EXPERIMENTS.md B5: the fluid benchmark of every B scenario, and the segment design.
+"""docs/reproducing/wait.md B5: the fluid benchmark of every B scenario, and the segment design.
 
 1. For each typed scenario (B0-B3 as their experiment configs define them, and B4
    as its trace clustered into 50-token types), the fluid equilibrium in both
@@ -6,7 +6,7 @@
    ``paper``: the same numbers read as the paper's ``(l, l')``), next to the
    simulated throughput of each policy if the scenario's runs exist under
    ``simulated_root`` (the reproduction targets' folders).
-2. The three memory terms of the segment design (POLICIES.md §7) against the
+2. The three memory terms of the segment design (docs/policies/wait.md) against the
    number of segments ``L`` for ``m`` output-length types weighted by a trace's
    output histogram, one panel per (rate, horizon, delta) setting. Thresholds are
    the smallest rate-proportional ones meeting (16)'s time condition for the

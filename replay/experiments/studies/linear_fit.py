@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
 from replay.errors import ConfigError  # noqa: E402
-from replay.experiments.plots.common import save_figure  # noqa: E402
+from replay.experiments.plots.common import legend_beside, save_figure  # noqa: E402
 from replay.storage.outputs import atomic_write_text  # noqa: E402
 from replay.timing.fit_linear import MAX_BATCHES, TARGET_ERROR, fit_and_report  # noqa: E402
 
@@ -46,7 +46,7 @@ def plot(regions: pd.DataFrame, out: Path) -> Path:
         ax.set_xlabel("relative error of timing=linear against timing=vidur (%)")
         ax.set_title(f"{model} on {part['hardware'].iloc[0]}", fontsize=9)
         ax.set_xlim(0, None)
-        ax.legend(fontsize=7)
+        legend_beside(ax)
     fig.suptitle("The refitted linear timing model on a shape grid it was not fitted on")
     return save_figure(fig, out, regions)
 
