@@ -153,8 +153,19 @@ def workloads(draw, max_n: int = 14):
                     type_id=types), explicit(kv, block), options
 
 
-@pytest.mark.parametrize("timing", TIMINGS)
-@pytest.mark.parametrize("policy", POLICIES)
+def pairs(policies, timing_names, fast: set[tuple[str, str]]) -> list:
+    """Every (policy, timing) pair; those not in ``fast`` are slow (CI runs them all: the
+    default run keeps one pair per family of decisions within its CPU budget)."""
+    return [pytest.param(policy, timing, marks=() if (policy, timing) in fast
+                         else pytest.mark.slow) for policy in policies for timing in timing_names]
+
+
+FAST_PAIRS = {("fcfs", "unit"), ("mcsf", "linear"), ("vllm", "unit"), ("sarathi", "linear"),
+              ("vllm_v1", "vidur"), ("paper_fcfs", "unit"), ("protection", "unit"),
+              ("wait", "linear"), ("nested_wait", "unit")}
+
+
+@pytest.mark.parametrize(("policy", "timing"), pairs(POLICIES, TIMINGS, FAST_PAIRS))
 @settings(max_examples=20, deadline=None)
 @given(workload=workloads())
 def test_the_engine_gives_the_oracles_results(policy, timing, workload):
@@ -196,8 +207,12 @@ CACHE_POLICIES = {**POLICIES, "lpm": lambda: LongestPrefixMatch(
     EvictLIFO(), max_num_seqs=8, max_num_batched_tokens=200, window=3)}
 
 
-@pytest.mark.parametrize("timing", ["unit", "linear"])
-@pytest.mark.parametrize("policy", CACHE_POLICIES)
+FAST_CACHE_PAIRS = {("mcsf", "unit"), ("vllm", "linear"), ("sarathi_reserve", "unit"),
+                    ("vllm_v1", "unit"), ("lpm", "unit"), ("paper_fcfs", "unit")}
+
+
+@pytest.mark.parametrize(("policy", "timing"),
+                         pairs(CACHE_POLICIES, ["unit", "linear"], FAST_CACHE_PAIRS))
 @settings(max_examples=15, deadline=None)
 @given(workload=prefix_workloads())
 def test_the_engine_gives_the_oracles_results_with_the_prefix_cache(policy, timing, workload):
