@@ -14,9 +14,12 @@ The check replays exactly the run's arrivals and lengths with ``policy=vllm_v1``
 engine's ``max_num_seqs``, ``max_num_batched_tokens`` and tensor parallelism, on the model
 meta.json names and the GPU it records, with the KV cache vLLM reported
 (``kv_cache.num_gpu_blocks`` x ``block_size``) or, where meta.json has none, ``kv=vllm_profile``
-at the run's ``gpu_memory_utilization`` (0.9 when unrecorded). The step time comes only from
-the timing source: the per-layer profile measured on that GPU (``layer_profile``,
-``--profile-dir`` for another folder) or aiconfigurator's kernel tables (``aiconfigurator``).
+at the run's ``gpu_memory_utilization`` (0.9 when unrecorded), and the prefix cache on
+(``kv.prefix_cache=block_hash``: a preempted request finds its own blocks) unless
+``kv_cache.enable_prefix_caching`` records it off (vLLM 0.19 turns it on by default). The
+step time comes only from the timing source: the per-layer profile measured on that GPU
+(``layer_profile``, ``--profile-dir`` for another folder) or aiconfigurator's kernel tables
+(``aiconfigurator``).
 Nothing is fitted to the log.
 
 TTFT, TPOT and end-to-end latency are computed on both sides as LLMServingSim's
@@ -93,9 +96,21 @@ class LoggedRun:
     kv_blocks: int | None
     block_size: int | None
     gpu_memory_utilization: float | None
+    prefix_caching: bool     # kv_cache.enable_prefix_caching, else vLLM 0.19's default (on)
     gpu: str | None          # the GPU's name as recorded (meta.json, else config.json)
     timeseries: pd.DataFrame | None
     files: list
+
+
+def _switch(record: dict, key: str, where: str, default: bool) -> bool:
+    """``record[key]`` as a true/false switch (``default`` where unrecorded), or an
+    InputError naming ``where`` and the field."""
+    value = record.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: field {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def _field(record: dict, key: str, where: str, kind=int, minimum=None):
@@ -243,6 +258,7 @@ def read_run(folder: Path) -> LoggedRun:
         block_size=_field(kv, "block_size", kv_where, minimum=1) if kv else None,
         gpu_memory_utilization=(_field(kv, "gpu_memory_utilization", kv_where, float)
                                 if kv.get("gpu_memory_utilization") is not None else None),
+        prefix_caching=_switch(kv, "enable_prefix_caching", kv_where, default=True),
         gpu=gpu, timeseries=timeseries, files=files)
 
 
@@ -307,6 +323,8 @@ def overrides_for(run: LoggedRun, timing: str, profile_dir: str | None = None,
         overrides += ["kv=vllm_profile"]
         if run.gpu_memory_utilization is not None:
             overrides.append(f"kv.gpu_memory_utilization={run.gpu_memory_utilization}")
+    if run.prefix_caching:  # a preempted request finds its own blocks while they stay cached
+        overrides.append("kv.prefix_cache=block_hash")
     if profile_dir is not None:
         if timing != "layer_profile":
             raise InputError("--profile-dir is a layer_profile option (--timing layer_profile)")

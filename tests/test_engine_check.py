@@ -13,6 +13,7 @@ import pytest
 
 from policies.vllm_v1 import VLLMV1
 from replay import engine_check
+from replay.config.cli import run_or_exit
 from replay.engine.overflow import EvictLIFO
 from tests.conftest import DATA_DIR, replay
 
@@ -86,7 +87,7 @@ def test_the_logs_clocks_are_aligned_by_the_waiting_requests():
     run = engine_check.LoggedRun(
         folder=None, requests=requests, anchor="queued_ts", model="m", tensor_parallel=1,
         max_num_seqs=1, max_num_batched_tokens=1, kv_blocks=None, block_size=None,
-        gpu_memory_utilization=None, gpu=None, files=[],
+        gpu_memory_utilization=None, prefix_caching=True, gpu=None, files=[],
         timeseries=pd.DataFrame({"t": ticks, "running": 0, "waiting": waiting}))
     assert engine_check.clock_offset(run) == pytest.approx(0.5, abs=0.1)
 
@@ -98,7 +99,7 @@ def test_a_kv_column_of_zeros_while_requests_run_was_not_recorded():
     run = engine_check.LoggedRun(
         folder=None, requests=requests, anchor="queued_ts", model="m", tensor_parallel=1,
         max_num_seqs=1, max_num_batched_tokens=1, kv_blocks=None, block_size=None,
-        gpu_memory_utilization=None, gpu=None, files=[], timeseries=series)
+        gpu_memory_utilization=None, prefix_caching=True, gpu=None, files=[], timeseries=series)
     assert engine_check.log_series(run, 0.0)["kv_pct"].isna().all()
     series["kv_cache_pct"] = [40.0, 20.0]
     assert engine_check.log_series(run, 0.0)["kv_pct"].tolist() == [40.0, 20.0]
@@ -199,3 +200,22 @@ def test_a_whole_check_prints_the_table_and_ends_with_one_json_line(tmp_path, ca
     for name in ("comparison.csv", "requests.csv", "timeseries.csv", "timeseries.png",
                  "summary.json"):
         assert (tmp_path / "out" / name).is_file()
+
+
+def test_the_prefix_cache_follows_the_log_and_vllms_default(tmp_path, capsys):
+    def recorded(value):
+        def edit(meta):
+            meta["kv_cache"]["enable_prefix_caching"] = value
+        return edit
+    for value, expected in ((True, True), (False, False)):
+        folder = copy_log(tmp_path / str(value), meta_edit=recorded(value))
+        assert engine_check.read_run(folder).prefix_caching is expected
+    folder = copy_log(tmp_path / "unrecorded", meta_edit=lambda meta: meta.pop("kv_cache"))
+    run = engine_check.read_run(folder)
+    assert run.prefix_caching  # vLLM 0.19's default
+    assert "kv.prefix_cache=block_hash" in engine_check.overrides_for(run, "layer_profile")
+    folder = copy_log(tmp_path / "text", meta_edit=recorded("yes"))
+    with pytest.raises(SystemExit) as stop:
+        run_or_exit(engine_check.read_run, folder)
+    assert stop.value.code == 2
+    assert "enable_prefix_caching' must be true or false, got 'yes'" in capsys.readouterr().err
