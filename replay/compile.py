@@ -104,7 +104,8 @@ def positive_int(text: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay.compile",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
                         help="processes to share the rules out over (default: the cores)")
     args = parser.parse_args()

@@ -15,7 +15,7 @@ Two parts, each written to its own CSV and figure:
   share of iterations whose KV peak reached the capacity (free cache entries included).
 
 ``study.quick=true`` runs ``quick_settings`` instead. Every number comes from these replays;
-the Mooncake paper's own hit ratios are not compared here (see docs/reproducing/prefix.md).
+the Mooncake paper's own hit ratios are not compared here (see docs/reproducing/engine.md).
 """
 
 from __future__ import annotations
