@@ -90,7 +90,7 @@ def test_killed_study_resumes_to_the_same_trials(reference, tmp_path, kill):
     pd.testing.assert_frame_equal(ours.reset_index(drop=True), theirs.reset_index(drop=True))
 
 
-@pytest.mark.parametrize("args", [["workload.n=200000", "arrivals.rate=50",
+@pytest.mark.parametrize("args", [["workload.n=2000000", "arrivals.rate=50",
                                    "engine.fast_forward=false"], SWEEP])
 def test_ctrl_c_is_one_line_and_an_interrupted_exit(tmp_path, args):
     """Issue 45 item 9: Ctrl-C printed Python's traceback (30-40 lines)."""

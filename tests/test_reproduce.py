@@ -284,7 +284,7 @@ def test_results_pages_stamp_every_table_and_figure_and_name_no_machine_path(qui
     _, root = quick("c3")
     pages = write_results_pages(TARGETS, root, tmp_path / "results", quick=True)
     assert [p.name for p in pages] == ["mcsf.md", "wait.md", "sorted-f.md", "harness.md",
-                                       "time.md", "index.md"]
+                                       "engine.md", "time.md", "index.md"]
     # The index opens with the count of verdicts per series.
     index = (tmp_path / "results" / "index.md").read_text()
     assert "| series | claims | agrees | in shape |" in index
