@@ -156,6 +156,7 @@ def sarathi_decide(s, rule):
     seats = params[MAX_SEQS] - n_kept
     queue = s.queue
     n_start = 0
+    head_free_hits = 0  # free cache entries among the hits of the request that stayed out
     for q in range(s.qhead, s.qtail):
         rid = queue[q]
         if seats <= 0:
@@ -177,6 +178,7 @@ def sarathi_decide(s, rule):
             if chunk > 0:
                 free -= taken
         if chunk <= 0:
+            head_free_hits = taken
             break
         budget, free = _take(s, rid, skip, chunk, budget, free, reserve)
         s.start[n_start] = rid
@@ -190,9 +192,12 @@ def sarathi_decide(s, rule):
             advance[n_advance] = rid
             n_advance += 1
     s.n_start, s.n_advance, s.n_preempt = n_start, n_advance, n_preempt
-    if n_start == 0 and n_preempt == 0 and s.n_chunks == 0 and n_advance == n_run:
+    if (n_start == 0 and n_preempt == 0 and s.n_chunks == 0 and n_advance == n_run
+            and head_free_hits == 0):
         # Every running request decodes and nothing starts: the free blocks only shrink until
-        # a completion, so the queue head stays out.
+        # a completion, so the queue head stays out. Not so if the head's cached prefix holds
+        # free entries: a reclaim of one cuts its hits, and the blocks they took are room for
+        # a chunk again.
         s.steady = 2 ** 62
     return 0
 

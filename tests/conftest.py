@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from replay.engine.kv import explicit
 from replay.engine.loop import Engine, RunResult
@@ -17,6 +18,12 @@ REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("KVSCHED_DATA_DIR", REPO.parent / "shared" / "data"))
 # Subprocesses (``python -m replay`` in CLI and reproduction tests) read the same directory.
 os.environ.setdefault("KVSCHED_DATA_DIR", str(DATA_DIR))
+
+# CI (.ci/run) replays a fixed sequence of property-test examples, so a landing does not
+# hinge on a fresh random draw; a plain ``pytest`` draws new ones each run and keeps any
+# failure in .hypothesis/ to replay first. ``HYPOTHESIS_PROFILE=ci pytest`` replays CI's.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def replay(prompt_len, output_len, policy, kv_tokens: int, arrival=None, timing=None,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies.fcfs import FCFSLookahead
@@ -211,10 +211,23 @@ FAST_CACHE_PAIRS = {("mcsf", "unit"), ("vllm", "linear"), ("sarathi_reserve", "u
                     ("vllm_v1", "unit"), ("lpm", "unit"), ("paper_fcfs", "unit")}
 
 
+# Found by a CI run: Sarathi-like promised to repeat a decode batch while its queue head's
+# cached prefix lay on free entries; a decode's reclaim cut those hits, which freed room for
+# a chunk, and the engine's stretch skipped the step that admitted it.
+QUEUE_HEAD_ON_FREE_HITS = (
+    Requests(np.array([2, 6, 27, 2, 2, 22, 2]), np.array([5, 1, 5, 1, 1, 1, 1]),
+             arrival=np.array([1.0, 0, 0, 0, 0, 1, 0]), type_id=np.zeros(7, np.int64),
+             block_ids=np.array([], np.int64), block_offsets=np.zeros(8, np.int64),
+             block_unit=2),
+    replace(explicit(56, 2), prefix_cache="block_hash", cache_eviction="fifo"),
+    dict(preemption="restart", requeue="front", max_running=None, fast_forward=True))
+
+
 @pytest.mark.parametrize(("policy", "timing"),
                          pairs(CACHE_POLICIES, ["unit", "linear"], FAST_CACHE_PAIRS))
 @settings(max_examples=15, deadline=None)
 @given(workload=prefix_workloads())
+@example(workload=QUEUE_HEAD_ON_FREE_HITS)
 def test_the_engine_gives_the_oracles_results_with_the_prefix_cache(policy, timing, workload):
     requests, kv, options = workload
     result, reference = engine_and_oracle(requests, CACHE_POLICIES[policy], TIMINGS[timing],
