@@ -47,7 +47,7 @@ from replay.engine.prefix_cache import (
     free_among_hits,
 )
 from replay.engine.rules import CompiledPolicy
-from replay.engine.state import new_rule_state
+from replay.engine.state import give_chunk, new_rule_state
 from replay.params import check
 
 #: The rule's record: ``ints`` = [chunk_size, max_num_seqs, watermark in blocks,
@@ -76,9 +76,7 @@ def _chunk_within(s, rid, skip, room_blocks, limited, budget):
 def _take(s, rid, skip, chunk, budget, free, reserve):
     """Give ``rid`` its chunk (after ``skip`` cached tokens): the budget and free blocks
     left."""
-    s.chunk_of[rid] = chunk
-    s.chunk_ids[s.n_chunks] = rid
-    s.n_chunks += 1
+    give_chunk(s, rid, chunk)
     budget -= chunk
     emits = 1 if chunk == s.prefill_len[rid] - s.prefilled[rid] - skip else 0
     if not reserve:

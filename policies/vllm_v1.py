@@ -59,7 +59,7 @@ from replay.engine.prefix_cache import (
     free_among_hits,
 )
 from replay.engine.rules import CompiledPolicy
-from replay.engine.state import new_rule_state
+from replay.engine.state import give_chunk, new_rule_state
 from replay.errors import ConfigError
 from replay.params import check
 
@@ -125,9 +125,7 @@ def vllm_v1_decide(s, rule):
         s.advance[n_advance] = rid
         n_advance += 1
         if tokens < remaining:
-            s.chunk_of[rid] = tokens
-            s.chunk_ids[s.n_chunks] = rid
-            s.n_chunks += 1
+            give_chunk(s, rid, tokens)
         free -= needed
         budget -= tokens
         i += 1
@@ -152,9 +150,7 @@ def vllm_v1_decide(s, rule):
             s.start[n_start] = rid
             n_start += 1
             if tokens < remaining:
-                s.chunk_of[rid] = tokens
-                s.chunk_ids[s.n_chunks] = rid
-                s.n_chunks += 1
+                give_chunk(s, rid, tokens)
             free -= needed
             budget -= tokens
             q += 1

@@ -221,6 +221,16 @@ QUEUE_HEAD_ON_FREE_HITS = (
              block_unit=2),
     replace(explicit(56, 2), prefix_cache="block_hash", cache_eviction="fifo"),
     dict(preemption="restart", requeue="front", max_running=None, fast_forward=True))
+# Found by a longer hypothesis run: request 3's answer filled the rest of the trace block its
+# 4-token prompt began, and was hashed as that block's content, so it became a hit for
+# request 9's prompt in the middle of a decode stretch. An answer is now its request's own.
+ANSWER_UNDER_A_PROMPT_ID = (
+    Requests(np.array([4, 4, 4, 4, 4, 4, 4, 4, 24, 32]), np.array([1, 1, 1, 5, 1, 1, 1, 1, 5, 1]),
+             arrival=np.zeros(10), type_id=np.zeros(10, np.int64),
+             block_ids=np.array([0, 0], np.int64),
+             block_offsets=np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2], np.int64), block_unit=8),
+    replace(explicit(64, 4), prefix_cache="block_hash", cache_eviction="lru"),
+    dict(preemption="restart", requeue="front", max_running=None, fast_forward=True))
 
 
 @pytest.mark.parametrize(("policy", "timing"),
@@ -228,6 +238,7 @@ QUEUE_HEAD_ON_FREE_HITS = (
 @settings(max_examples=15, deadline=None)
 @given(workload=prefix_workloads())
 @example(workload=QUEUE_HEAD_ON_FREE_HITS)
+@example(workload=ANSWER_UNDER_A_PROMPT_ID)
 def test_the_engine_gives_the_oracles_results_with_the_prefix_cache(policy, timing, workload):
     requests, kv, options = workload
     result, reference = engine_and_oracle(requests, CACHE_POLICIES[policy], TIMINGS[timing],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -37,15 +38,18 @@ def shared_blocks(a: list[int], b: list[int]) -> int:
     return k
 
 
-def reference_hashes(prompt_len, ids, unit, block_size) -> list[list[str]]:
+def reference_hashes(prompt_len, ids, unit, block_size, output_len=None) -> list[list[str]]:
     """vLLM's rule written out token by token: token t of request r is "trace block
-    ids[t // unit] at offset t % unit" (or its own, beyond its ids); block k's hash is a
-    SHA-256 of its parent's hash and its tokens; full blocks only."""
+    ids[t // unit] at offset t % unit" (or its own, beyond its ids or its prompt); block k's
+    hash is a SHA-256 of its parent's hash and its tokens; full blocks only (of the prompt
+    and, given ``output_len``, the answer)."""
     out = []
-    for r, (length, row) in enumerate(zip(prompt_len, ids, strict=True)):
+    answers = output_len if output_len is not None else [0] * len(prompt_len)
+    for r, (length, row, answer) in enumerate(zip(prompt_len, ids, answers, strict=True)):
         parent, hashes = "start", []
-        for k in range(length // block_size):
-            tokens = tuple((row[t // unit], t % unit) if t // unit < len(row) else ("own", r, t)
+        for k in range((length + answer) // block_size):
+            tokens = tuple((row[t // unit], t % unit) if t // unit < len(row) and t < length
+                           else ("own", r, t)
                            for t in range(k * block_size, (k + 1) * block_size))
             parent = hashlib.sha256(repr((parent, tokens)).encode()).hexdigest()
             hashes.append(parent)
@@ -109,12 +113,26 @@ def test_without_ids_every_block_is_its_own():
     assert len(a) == 4 and not set(a) & set(b)
 
 
+def test_an_answer_is_its_requests_own_even_where_an_id_runs_past_the_prompt():
+    # Request 0's 4-token prompt holds half of 8-token trace block 7; its answer fills the
+    # rest of that span. Request 1's prompt holds all of block 7: they share the first KV
+    # block only (found by the engine's cache check: the answer hit request 1's prompt).
+    requests = Requests(prompt_len=np.array([4, 32]), output_len=np.array([5, 1]),
+                        block_ids=np.array([7, 7]), block_offsets=offsets_of([1, 1]),
+                        block_unit=8)
+    hashes, offsets = requests.block_hashes(4, with_output=True)
+    a, b = hashes[offsets[0]:offsets[1]].tolist(), hashes[offsets[1]:offsets[2]].tolist()
+    assert len(a) == 2 and shared_blocks(a, b) == 1
+
+
+@pytest.mark.parametrize("with_output", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize(("unit", "block_size"), [(8, 4), (4, 8), (6, 4), (4, 6), (5, 5),
                                                   (3, 7)])
-def test_equal_hashes_are_exactly_equal_token_prefixes(seed, unit, block_size):
+def test_equal_hashes_are_exactly_equal_token_prefixes(seed, unit, block_size, with_output):
     """Against the rule written out token by token (as vLLM hashes blocks): two blocks
-    have equal hashes if and only if the reference's hashes are equal."""
+    have equal hashes if and only if the reference's hashes are equal (with the answers'
+    blocks, as the engine's cache holds them, or without)."""
     rng = np.random.default_rng(seed)
     templates = rng.integers(0, 4, size=(3, 12))
     prompt_len, ids = [], []
@@ -124,11 +142,18 @@ def test_equal_hashes_are_exactly_equal_token_prefixes(seed, unit, block_size):
         row[rng.integers(0, 12):] = rng.integers(0, 4)  # diverge somewhere
         ids.append(row[: int(rng.integers(0, -(-length // unit) + 1))].tolist())
         prompt_len.append(length)
-    mine = hashes_of(with_ids(prompt_len, ids, unit), block_size)
-    theirs = reference_hashes(prompt_len, ids, unit, block_size)
+    output_len = rng.integers(1, 3 * unit, size=len(prompt_len))
+    requests = with_ids(prompt_len, ids, unit)
+    requests = replace(requests, output_len=output_len)
+    hashes, offsets = requests.block_hashes(block_size, with_output=with_output)
+    mine = [hashes[offsets[i]:offsets[i + 1]].tolist() for i in range(len(requests))]
+    theirs = reference_hashes(prompt_len, ids, unit, block_size,
+                              output_len.tolist() if with_output else None)
     flat_mine = [h for row in mine for h in row]
     flat_theirs = [h for row in theirs for h in row]
-    assert len(flat_mine) == len(flat_theirs) == sum(n // block_size for n in prompt_len)
+    answers = output_len if with_output else np.zeros_like(output_len)
+    assert len(flat_mine) == len(flat_theirs) == sum(
+        (n + o) // block_size for n, o in zip(prompt_len, answers, strict=True))
     same_mine = np.equal.outer(flat_mine, flat_mine)
     same_theirs = np.array([[x == y for y in flat_theirs] for x in flat_theirs])
     assert (same_mine == same_theirs).all()

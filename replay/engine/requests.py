@@ -100,7 +100,8 @@ def _piece_starts(full_blocks: np.ndarray, unit: int, block_size: int
 
 def prefix_block_hashes(prompt_len: np.ndarray, block_ids: np.ndarray | None,
                         block_offsets: np.ndarray | None, block_unit: int,
-                        block_size: int) -> tuple[np.ndarray, np.ndarray]:
+                        block_size: int, own_from: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """The chain hash of every full ``block_size``-token block of every prompt.
 
     Request ``i``'s hashes are ``hashes[offsets[i]:offsets[i + 1]]``, one per full block
@@ -117,7 +118,9 @@ def prefix_block_hashes(prompt_len: np.ndarray, block_ids: np.ndarray | None,
     divides ``block_unit``), a block spanning several (``block_unit`` divides
     ``block_size``), or neither, where a block straddling two trace blocks depends on
     both. Tokens beyond a request's last id have unknown content, taken as that
-    request's own (never shared with another row).
+    request's own (never shared with another row); so are tokens from ``own_from[i]`` on
+    (a request's answer, where ``prompt_len`` counts it: an id that runs past the prompt
+    does not make the answer equal another prompt), and a block holding any of them.
 
     The chain is linear modulo 2^64 (``g = g * C + piece``, with ``C`` odd), so it is
     computed for all requests at once with prefix sums; each block's hash is the chain
@@ -136,6 +139,10 @@ def prefix_block_hashes(prompt_len: np.ndarray, block_ids: np.ndarray | None,
     trace_block = start // block_unit
     first = block_offsets[request]
     covered = trace_block < (block_offsets[request + 1] - first)
+    if own_from is not None:  # a piece ends at its trace block's or its KV block's end
+        piece_end = np.minimum((trace_block + 1) * block_unit,
+                               (start // block_size + 1) * block_size)
+        covered &= piece_end <= np.asarray(own_from, dtype=np.int64)[request]
     key = _ALL_ONES - request.astype(np.uint64)  # >= 2^63: never an id (ids are < 2^63)
     key[covered] = block_ids[(first + trace_block)[covered]].astype(np.uint64)
     offset = (start - trace_block * block_unit).astype(np.uint64)
@@ -248,9 +255,12 @@ class Requests:
         tokens (without content ids, every block is its own request's). ``with_output``:
         the full blocks of the whole sequence, the answer's tokens being the request's own,
         as an engine's cache holds them once generated."""
-        length = self.prompt_len + self.output_len if with_output else self.prompt_len
-        return prefix_block_hashes(length, self.block_ids, self.block_offsets,
-                                   self.block_unit or block_size, block_size)
+        if not with_output:
+            return prefix_block_hashes(self.prompt_len, self.block_ids, self.block_offsets,
+                                       self.block_unit or block_size, block_size)
+        return prefix_block_hashes(self.prompt_len + self.output_len, self.block_ids,
+                                   self.block_offsets, self.block_unit or block_size,
+                                   block_size, own_from=self.prompt_len)
 
     def ids_of(self, i: int) -> np.ndarray:
         """Request ``i``'s prompt-content ids (empty without content ids)."""

@@ -254,6 +254,15 @@ def new_timing_state(ints=(), floats=(), table=(), table2=(), table3=(), grid=No
         counters=np.asarray(counters, dtype=I8), bridge=bridge)))
 
 
+@jit(inline="always")
+def give_chunk(s, rid, tokens):
+    """Part of a decision: ``rid`` prefills ``tokens`` of what remains of its prompt this
+    step (a request given no chunk prefills all that remains)."""
+    s.chunk_of[rid] = tokens
+    s.chunk_ids[s.n_chunks] = rid
+    s.n_chunks += 1
+
+
 #: A policy's decision: writes the batch into the engine state's decision fields; returns 0,
 #: or an error code of the policy's own (``EngineState.error_arg`` says more).
 DECIDE = types.FunctionType(types.int64(ENGINE_STATE, RULE_STATE))
