@@ -32,6 +32,17 @@ def test_an_absurd_typed_rate_is_refused_on_its_estimate_before_drawing(monkeypa
         build_and_run(cfg)
 
 
+@pytest.mark.parametrize(("scale", "keys"), [
+    ("workload.total_rate=1e300", "workload.total_rate x workload.duration_s"),
+    ("workload.load=1e300", "workload.load x workload.duration_s"),
+])
+def test_a_rescaled_typed_rate_names_the_key_that_rescaled_it(monkeypatch, scale, keys):
+    monkeypatch.setattr(Typed, "sample", None)
+    cfg = compose_config(["policy=wait", "workload=typed", "arrivals=trace", scale])
+    with pytest.raises(LimitError, match=rf"requests \(limit 2e\+07\); it follows from {keys}:"):
+        build_and_run(cfg)
+
+
 def test_a_billion_fixed_requests_are_refused_before_allocation(monkeypatch):
     """Issue 45 item 3: ``count: 1000000000`` allocated 7.45 GiB."""
     def never(*args, **kwargs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import importlib.util
 import io
 import tarfile
 import zipfile
@@ -148,6 +149,15 @@ def test_a_tgz_which_pandas_does_not_decompress_is_binary(tmp_path):
     path = tmp_path / "t.tgz"
     path.write_bytes(gzip.compress(b"prompt,output\n3,4\n"))
     assert trace_error(path) == f"workload trace: {path} is binary data, not CSV text"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("zstandard") is not None,
+                    reason="zstandard is installed: a .zst trace is read")
+def test_a_zst_trace_without_its_decompressor_is_one_error(tmp_path):
+    path = write(tmp_path / "t.csv.zst", "prompt,output\n3,4\n")
+    assert trace_error(path) == (f"workload trace: {path} cannot be decompressed without "
+                                 f"zstandard, which is not installed; decompress it first (or "
+                                 f"pip install zstandard)")
 
 
 def test_a_known_trace_cut_mid_row_is_refused_by_its_hash(tmp_path):

@@ -251,6 +251,10 @@ def read_csv(path: str | Path, what: str, **options):
     except _DECOMPRESSION_ERRORS as exc:
         raise InputError(f"{what}: {p} cannot be decompressed ({exc}); it is cut short or "
                          f"damaged") from None
+    except ImportError as exc:  # .zst needs the optional zstandard package
+        package = getattr(exc.__cause__, "name", None) or exc.name or "a package"
+        raise InputError(f"{what}: {p} cannot be decompressed without {package}, which is not "
+                         f"installed; decompress it first (or pip install {package})") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{what}: {p} is empty (not even a header line)") from None
     except pd.errors.ParserError as exc:
