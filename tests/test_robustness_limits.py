@@ -7,10 +7,12 @@ import time
 
 import numpy as np
 import pytest
+from hydra.errors import InstantiationException
 
 import replay.bounds.lp as lp
 from replay.bounds.instance import Instance
 from replay.config import compose_config
+from replay.config.cli import input_error_message, is_input_error
 from replay.errors import LimitError
 from replay.run import build_and_run
 from replay.workloads.composite import FixedGroups
@@ -30,6 +32,17 @@ def test_an_absurd_typed_rate_is_refused_on_its_estimate_before_drawing(monkeypa
         build_and_run(cfg)
 
 
+@pytest.mark.parametrize(("scale", "keys"), [
+    ("workload.total_rate=1e300", "workload.total_rate x workload.duration_s"),
+    ("workload.load=1e300", "workload.load x workload.duration_s"),
+])
+def test_a_rescaled_typed_rate_names_the_key_that_rescaled_it(monkeypatch, scale, keys):
+    monkeypatch.setattr(Typed, "sample", None)
+    cfg = compose_config(["policy=wait", "workload=typed", "arrivals=trace", scale])
+    with pytest.raises(LimitError, match=rf"requests \(limit 2e\+07\); it follows from {keys}:"):
+        build_and_run(cfg)
+
+
 def test_a_billion_fixed_requests_are_refused_before_allocation(monkeypatch):
     """Issue 45 item 3: ``count: 1000000000`` allocated 7.45 GiB."""
     def never(*args, **kwargs):
@@ -44,6 +57,16 @@ def test_a_billion_fixed_requests_are_refused_before_allocation(monkeypatch):
     assert str(caught.value) == ("this run would draw ~1e+09 requests (limit 2e+07); it "
                                  "follows from workload.groups[*].count: lower it (or raise "
                                  "+limits.max_requests=N)")
+
+
+def test_a_fixed_workload_without_groups_is_refused_naming_the_key():
+    cfg = compose_config(["workload=fixed", "workload.groups=[]"])
+    with pytest.raises(InstantiationException) as caught:
+        build_and_run(cfg)
+    assert is_input_error(caught.value)
+    assert input_error_message(caught.value) == (
+        "workload.groups: lists no request group; give at least one {count, prompt_len, "
+        "output_len} (config node workload)")
 
 
 def test_the_request_limit_is_a_config_key():

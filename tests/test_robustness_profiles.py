@@ -16,7 +16,7 @@ import pytest
 
 from replay.errors import InputError
 from replay.storage.data import require_file
-from replay.timing import profiles_fetch
+from replay.timing import profiles_fetch, vidur
 from replay.timing.vidur_spec import DECODE_TIME, MLP_TIMES, PREFILL_TIME, check_profile
 from replay.timing.vidur_tables import VidurTables
 from tests.conftest import DATA_DIR, REPO
@@ -169,6 +169,48 @@ def test_tables_with_a_negative_or_missing_time_are_refused(tmp_path):
         VidurTables.load(path)
 
 
+def saved_tables(path):
+    VidurTables(**tables()).save(path)
+    return path
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    ("cut", "BadZipFile: File is not a zip file"),
+    ("empty", "EOFError: No data left in file"),
+    ("no_array", "KeyError: 'decode_ms is not a file in the archive'"),
+])
+def test_a_damaged_cached_table_is_one_error_saying_how_to_rebuild(tmp_path, damage, reason):
+    path = saved_tables(tmp_path / "tables.npz")
+    if damage == "cut":
+        path.write_bytes(path.read_bytes()[:300])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        arrays = dict(np.load(path))
+        del arrays["decode_ms"]
+        with open(path, "wb") as fh:
+            np.savez(fh, **arrays)
+    with pytest.raises(InputError) as caught:
+        VidurTables.load(path)
+    assert str(caught.value) == (f"timing.vidur: the cached tables {path} cannot be read "
+                                 f"({reason}); remove its folder to rebuild them")
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (None, "No such file or directory"),
+    ("{", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+])
+def test_a_damaged_cached_build_record_is_one_error_saying_how_to_rebuild(tmp_path, content,
+                                                                          reason):
+    path = tmp_path / "build.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(InputError) as caught:
+        vidur._cached_json(path)
+    assert str(caught.value) == (f"timing.vidur: the cached build.json in {tmp_path} cannot be "
+                                 f"read ({reason}); remove that folder to rebuild it")
+
+
 # ------------------------------------------------------------ end to end
 needs_profiles = pytest.mark.skipif(not (DATA_DIR / "vidur" / "profiling" / MLP_7B).is_file(),
                                     reason="Vidur profiles not in the data directory")
@@ -196,6 +238,6 @@ def test_the_command_line_refuses_a_corrupt_profile_before_training(tmp_path, da
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], done.stderr
-    # Nothing was trained: Vidur never made its cache folder, no table was exported.
-    assert not list((tmp_path / "cache").rglob("vidur")), done.stderr
-    assert not list((tmp_path / "cache").rglob("tables.npz"))
+    # Refused before a build was announced or its cache folder made: nothing was written.
+    assert "building the random_forest predictor" not in done.stderr + done.stdout
+    assert not (tmp_path / "cache").exists(), list((tmp_path / "cache").rglob("*"))

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import importlib.util
+import io
+import tarfile
 import zipfile
 
 import pandas as pd
@@ -102,6 +105,59 @@ def test_a_parquet_file_is_told_it_is_not_csv(tmp_path, name):
     assert trace_error(path) == (f"workload trace: {path} is a Parquet file, not CSV text; "
                                  f"convert it first, e.g. with pandas: pd.read_parquet(PATH)"
                                  f".to_csv(NEW_PATH, index=False)")
+
+
+def archive(path, members: dict[str, bytes]):
+    """A ZIP or TAR archive (by ``path``'s ending) holding ``members``."""
+    if path.suffix == ".zip":
+        with zipfile.ZipFile(path, "w") as zipped:
+            for name, data in members.items():
+                zipped.writestr(name, data)
+    else:
+        with tarfile.open(path, "w:gz" if path.suffix == ".gz" else "w") as tarred:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tarred.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(("name", "members", "listed"), [
+    ("t.csv.zip", ["a.csv", "b.csv"], "an archive of 2 files (a.csv, b.csv)"),
+    ("t.csv.zip", [], "an archive of 0 files"),
+    ("t.csv.tar.gz", ["a.csv", "b.csv", "c.csv", "d.csv"],
+     "an archive of 4 files (a.csv, b.csv, c.csv, ...)"),
+])
+def test_an_archive_of_other_than_one_file_is_one_error(tmp_path, name, members, listed):
+    path = archive(tmp_path / name, dict.fromkeys(members, b"prompt,output\n3,4\n"))
+    assert trace_error(path) == (f"workload trace: {path} is {listed}; a table is read from an "
+                                 f"archive holding exactly one file")
+
+
+def test_an_archive_of_one_file_is_read_and_a_cut_one_refused(tmp_path):
+    path = archive(tmp_path / "t.csv.tar", {"a.csv": b"prompt,output\n3,4\n"})
+    frame, _ = _read_length_columns(path, COLUMNS)
+    assert frame["prompt_len"].tolist() == [3]
+    cut = tmp_path / "cut.csv.tar"
+    cut.write_bytes(path.read_bytes()[:100])
+    assert trace_error(cut).startswith(f"workload trace: {cut} cannot be decompressed (file "
+                                       f"could not be opened successfully:")
+    assert trace_error(cut).endswith("it is cut short or damaged")
+
+
+def test_a_tgz_which_pandas_does_not_decompress_is_binary(tmp_path):
+    path = tmp_path / "t.tgz"
+    path.write_bytes(gzip.compress(b"prompt,output\n3,4\n"))
+    assert trace_error(path) == f"workload trace: {path} is binary data, not CSV text"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("zstandard") is not None,
+                    reason="zstandard is installed: a .zst trace is read")
+def test_a_zst_trace_without_its_decompressor_is_one_error(tmp_path):
+    path = write(tmp_path / "t.csv.zst", "prompt,output\n3,4\n")
+    assert trace_error(path) == (f"workload trace: {path} cannot be decompressed without "
+                                 f"zstandard, which is not installed; decompress it first (or "
+                                 f"pip install zstandard)")
 
 
 def test_a_known_trace_cut_mid_row_is_refused_by_its_hash(tmp_path):

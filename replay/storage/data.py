@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import lzma
 import os
+import tarfile
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -189,15 +190,33 @@ def check_known_file(path: str | Path, what: str) -> None:
                      f"an edited copy another name")
 
 
-#: File name endings pandas decompresses (``compression="infer"``).
-COMPRESSED = (".gz", ".bz2", ".zip", ".xz", ".zst", ".tar", ".tgz")
+#: File name endings pandas decompresses (``compression="infer"``; ``.tar.gz`` and the
+#: like are archives too).
+COMPRESSED = (".gz", ".bz2", ".zip", ".xz", ".zst", ".tar")
 #: What a damaged or cut-short compressed file raises while it is read.
 _DECOMPRESSION_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile,
-                         lzma.LZMAError)
+                         lzma.LZMAError, tarfile.TarError)
+
+
+def _archive_members(path: Path) -> list[str] | None:
+    """The names in ``path`` if pandas reads it as a ZIP or TAR archive (``None``: it does not,
+    or the archive is damaged, which the read itself then reports)."""
+    name = path.name.lower()
+    try:
+        if name.endswith(".zip") and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                return archive.namelist()
+        if name.endswith((".tar", ".tar.gz", ".tar.bz2", ".tar.xz")) and tarfile.is_tarfile(path):
+            with tarfile.open(path) as archive:
+                return archive.getnames()
+    except _DECOMPRESSION_ERRORS:
+        return None
+    return None
 
 
 def _not_text(path: Path) -> str | None:
-    """Why ``path`` is not CSV text, from its first bytes (``None``: it may be)."""
+    """Why ``path`` is not CSV text, from its first bytes or its archive listing (``None``:
+    it may be)."""
     with open(path, "rb") as fh:
         head = fh.read(4096)
     if head.startswith(b"PAR1"):
@@ -205,6 +224,11 @@ def _not_text(path: Path) -> str | None:
                 "pd.read_parquet(PATH).to_csv(NEW_PATH, index=False)")
     if not path.name.lower().endswith(COMPRESSED) and b"\0" in head:
         return "binary data, not CSV text"
+    members = _archive_members(path)
+    if members is not None and len(members) != 1:
+        listed = f" ({', '.join(members[:3])}{', ...' if len(members) > 3 else ''})"
+        return (f"an archive of {len(members)} files{listed if members else ''}; a table is "
+                f"read from an archive holding exactly one file")
     return None
 
 
@@ -227,6 +251,10 @@ def read_csv(path: str | Path, what: str, **options):
     except _DECOMPRESSION_ERRORS as exc:
         raise InputError(f"{what}: {p} cannot be decompressed ({exc}); it is cut short or "
                          f"damaged") from None
+    except ImportError as exc:  # .zst needs the optional zstandard package
+        package = getattr(exc.__cause__, "name", None) or exc.name or "a package"
+        raise InputError(f"{what}: {p} cannot be decompressed without {package}, which is not "
+                         f"installed; decompress it first (or pip install {package})") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{what}: {p} is empty (not even a header line)") from None
     except pd.errors.ParserError as exc:

@@ -91,6 +91,18 @@ def _sha256_json(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
+def _cached_json(path: Path) -> dict:
+    """A JSON record of the build cache; one that cannot be read (edited, emptied, removed
+    beside its table) is an error saying how to rebuild it. The cache writes its files
+    whole (``VidurTables.save``), so only an outside change damages one."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise InputError(f"timing.vidur: the cached {path.name} in {path.parent} cannot be read "
+                         f"({reason}); remove that folder to rebuild it") from None
+
+
 class VidurTiming(CompiledTiming):
     """Iteration time from Vidur's predictor for ``model`` on ``tensor_parallel`` x ``device``;
     the price itself is :mod:`replay.timing.vidur_pricing`."""
@@ -204,7 +216,7 @@ class VidurTiming(CompiledTiming):
                 rows.to_csv(tmp, index=False)
                 tmp.replace(table)
                 constants_file.write_text(json.dumps(constants, indent=1))
-        constants = json.loads(constants_file.read_text())
+        constants = _cached_json(constants_file)
         return table, attention_7b.provenance(constants, source_record, file_record(table),
                                               kernel_tables)
 
@@ -220,6 +232,10 @@ class VidurTiming(CompiledTiming):
         tables_file = self.cache_path / "tables.npz"
         info_file = self.cache_path / "build.json"
         if not tables_file.is_file():
+            from replay.timing.vidur_build import check_profiles  # vidur: import on build
+
+            # A bad profile is one error before a build is announced or its folder made.
+            check_profiles(self.spec, self.files)
             self.cache_path.mkdir(parents=True, exist_ok=True)
             with fasteners.InterProcessLock(str(self.cache_path / ".lock")):
                 if not tables_file.is_file():
@@ -234,7 +250,7 @@ class VidurTiming(CompiledTiming):
                     info_file.write_text(json.dumps(info, indent=1))
                     tables.save(tables_file)
                     log.info("timing.vidur: built in %.0f s", info["build_seconds"])
-        return VidurTables.load(tables_file), json.loads(info_file.read_text())
+        return VidurTables.load(tables_file), _cached_json(info_file)
 
     def _bind_tables(self, tables: VidurTables) -> None:
         self._max_tokens, self._max_batch = tables.max_tokens, tables.max_batch_size

@@ -109,13 +109,19 @@ def _quiet_vidur_logs():
 VIDUR_MODEL_NAMES = {"meta-llama/Meta-Llama-3-8B": "meta-llama/Llama-3-8B"}
 
 
-def check_profiles(spec: PredictorSpec, files: ProfileFiles, replica_config: ReplicaConfig
-                   ) -> None:
+def replica_config(spec: PredictorSpec) -> ReplicaConfig:
+    """Vidur's replica (model, one pipeline stage, tensor parallelism, devices) for ``spec``."""
+    return ReplicaConfig(model_name=VIDUR_MODEL_NAMES.get(spec.model_name, spec.model_name),
+                         num_pipeline_stages=1, tensor_parallel_size=spec.tensor_parallel,
+                         device=spec.device, network_device=spec.network_device)
+
+
+def check_profiles(spec: PredictorSpec, files: ProfileFiles) -> None:
     """Every profile Vidur is about to train on, checked against what it reads
     (:func:`~replay.timing.vidur_spec.check_profile`), with the rows Vidur will select for
     this model, tensor parallelism and block size: a bad file is one error before any
     training, not a traceback minutes into it."""
-    model = replica_config.model_config
+    model = replica_config(spec).model_config
     tensor_parallel = spec.tensor_parallel
     check_profile(files.mlp, "mlp", {
         "n_head": model.num_q_heads, "n_kv_head": model.num_kv_heads,
@@ -134,8 +140,10 @@ def check_profiles(spec: PredictorSpec, files: ProfileFiles, replica_config: Rep
 
 def build_predictor(spec: PredictorSpec, files: ProfileFiles,
                     work_dir: Path) -> SklearnExecutionTimePredictor:
-    """Train (or load from Vidur's own cache in ``work_dir``) Vidur's predictor for ``spec``,
-    after checking the profiles it trains on (:func:`check_profiles`)."""
+    """Train (or load from Vidur's own cache in ``work_dir``) Vidur's predictor for ``spec`` on
+    profiles that passed :func:`check_profiles` (``VidurTiming`` checks them before it makes
+    its cache folder; a cached build was checked when it was made, and its key holds the
+    files' hashes)."""
     limits = spec.limits
     predictor_config = PREDICTOR_CONFIGS[spec.predictor](
         model_profiling_dataset=f"local:{files.mlp}",
@@ -154,14 +162,8 @@ def build_predictor(spec: PredictorSpec, files: ProfileFiles,
         use_native_execution_time_predictor=False,
         **spec.search_grid(),
     )
-    replica_config = ReplicaConfig(model_name=VIDUR_MODEL_NAMES.get(spec.model_name,
-                                                                    spec.model_name),
-                                   num_pipeline_stages=1,
-                                   tensor_parallel_size=spec.tensor_parallel, device=spec.device,
-                                   network_device=spec.network_device)
-    check_profiles(spec, files, replica_config)
     arguments = {"files": files, "predictor_config": predictor_config,
-                 "replica_config": replica_config,
+                 "replica_config": replica_config(spec),
                  "cache_config": CacheConfig(block_size=spec.block_size)}
     with _quiet_vidur_logs():
         if spec.predictor == "random_forest":

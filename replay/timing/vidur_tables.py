@@ -25,6 +25,7 @@ in milliseconds (one pipeline stage; no pipeline or KV-parallel communication).
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,14 +97,21 @@ class VidurTables:
 
     @classmethod
     def load(cls, path: Path) -> VidurTables:
-        with np.load(path) as data:
-            try:
+        """The tables saved in ``path``; a file that is not whole (cut short, emptied, missing
+        an array) or holds a bad time is an :class:`~replay.errors.InputError` saying how to
+        rebuild it."""
+        try:
+            with np.load(path) as data:
                 return cls(token_ms=data["token_ms"], decode_ms=data["decode_ms"],
                            prefill_ms=data["prefill_ms"], num_layers=int(data["num_layers"]),
                            kv_granularity=int(data["kv_granularity"]))
-            except InputError as exc:
-                raise InputError(f"{exc} (cached in {path}: remove its folder to rebuild "
-                                 f"from good profiles)") from None
+        except InputError as exc:
+            raise InputError(f"{exc} (cached in {path}: remove its folder to rebuild "
+                             f"from good profiles)") from None
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise InputError(f"timing.vidur: the cached tables {path} cannot be read "
+                             f"({type(exc).__name__}: {exc}); remove its folder to rebuild "
+                             f"them") from None
 
 
 def export_tables(predictor) -> VidurTables:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replay.engine.requests import RequestError, Requests
+from replay.errors import ConfigError
 from replay.params import check
 
 
@@ -129,6 +130,11 @@ class FixedGroups:
 
     groups: Sequence[RequestGroup]
     name: str = "fixed"
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ConfigError("workload.groups: lists no request group; give at least one "
+                              "{count, prompt_len, output_len}")
 
     def expected_requests(self) -> tuple[float, str]:
         """The number of requests listed (``run.guard_requests`` bounds it before they are

@@ -77,7 +77,9 @@ class Typed:
         cheap estimate, checked before anything that size is allocated)."""
         total = sum(float(t["rate"]) for t in self.types)
         periods = int(self.duration_s) if self.time_unit == "rounds" else self.duration_s
-        return total * periods, "workload.types[*].rate x workload.duration_s"
+        rates = ("workload.total_rate" if self.total_rate is not None else
+                 "workload.load" if self.load is not None else "workload.types[*].rate")
+        return total * periods, f"{rates} x workload.duration_s"
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
         if n is not None:
