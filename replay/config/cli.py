@@ -213,13 +213,13 @@ def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
         interrupted(exc)
 
 
-def error_summary(cfg: DictConfig, exc: BaseException) -> dict:
-    """The summary a sweep job leaves when its input was rejected."""
+def error_summary(cfg: DictConfig, message: str, status: str = "error") -> dict:
+    """The summary a sweep job leaves when it produced no result: its input was rejected
+    (status ``error``) or it raised (``failed``); ``message`` says why."""
     from omegaconf import OmegaConf
 
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:
         config = OmegaConf.to_container(cfg, resolve=False)
-    return {"status": "error", "message": input_error_message(exc), "partial": True,
-            "config": config}
+    return {"status": status, "message": message, "partial": True, "config": config}
