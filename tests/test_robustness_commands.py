@@ -228,10 +228,33 @@ def test_ctrl_c_is_one_line_and_an_interrupted_exit():
     assert done.stderr == "interrupted (Ctrl-C)\n"
 
 
+def test_ctrl_c_while_a_command_imports_is_one_line(monkeypatch, capsys):
+    """Before a command's ``main`` runs (pandas and numba take a second or more to import),
+    no ``run_or_exit`` catches Ctrl-C: the hook its package installs prints the line."""
+    from replay.errors import report_interrupt, when_run_as_a_command
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])  # imported as a library
+    when_run_as_a_command()
+    assert sys.excepthook is sys.__excepthook__
+    monkeypatch.setattr(sys, "argv", ["-m", "workload=lmsys"])  # by `python -m traces.stats`
+    when_run_as_a_command()
+    assert sys.excepthook is report_interrupt
+    report_interrupt(KeyboardInterrupt, KeyboardInterrupt(), None)
+    said = KeyboardInterrupt()
+    said.reported = True  # run_or_exit printed its line (with a hint) already
+    report_interrupt(KeyboardInterrupt, said, None)
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+    try:
+        raise ValueError("a bug")
+    except ValueError as exc:
+        report_interrupt(ValueError, exc, exc.__traceback__)
+    assert "Traceback" in capsys.readouterr().err  # a bug keeps its traceback
+
+
 #: Commands whose entry is not this project's one error path: ``replay`` (its app catches
-#: the same errors itself), the LP worker (a child process, silent by design), and
-#: traces.stats, owned elsewhere and not yet converted (issue 45).
-ENTRY_EXCEPTIONS = {"replay/__main__.py", "replay/bounds/lp_worker.py", "traces/stats.py"}
+#: the same errors itself) and the LP worker (a child process, silent by design).
+ENTRY_EXCEPTIONS = {"replay/__main__.py", "replay/bounds/lp_worker.py"}
 
 
 def test_every_command_enters_through_the_one_error_path():
