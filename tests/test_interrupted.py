@@ -125,7 +125,7 @@ ENGINE_LOG = "vllm_logs/llmservingsim/RTX4090/Llama-3.1-8B"
     (["replay.crosscheck", "--out", "{tmp}"], 6.0),
     (["replay.compile"], 2.0),
     (["replay.engine_check", "{data}/" + ENGINE_LOG, "--out", "{tmp}"], 3.0),
-    (["replay.fluid", "workload=lmsys"], 2.0),
+    (["replay.fluid", "experiment=b1_wait_low"], 0.5),  # a short command: while it imports
     (["traces.stats", "workload=lmsys"], 1.0),
     (["traces.stats", "workload=lmsys"], 0.3),  # still importing pandas
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
