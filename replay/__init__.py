@@ -4,3 +4,7 @@ The engine (:mod:`replay.engine.loop`) owns time, arrivals, KV accounting, evict
 and metrics; a policy (:mod:`policies`) only decides which requests run in each
 iteration; a timing backend (:mod:`replay.timing`) prices each iteration.
 """
+
+from replay.errors import when_run_as_a_command
+
+when_run_as_a_command()  # Ctrl-C while a command imports is one line too

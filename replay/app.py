@@ -46,7 +46,7 @@ from replay.config.cli import (
 )
 from replay.config.validate import validate_config
 from replay.errors import InputError
-from replay.storage.outputs import atomic_write_text, summary_json
+from replay.storage.outputs import NO_RESULT_STATUSES, atomic_write_text, summary_json
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
 # Hydra finds plugins by scanning the hydra_plugins folders on sys.path, which misses an
@@ -107,7 +107,24 @@ def replay_job(cfg: DictConfig) -> dict:
         # a bug (a rejected input was written there by _replay as one line).
         if not getattr(exc, "logged", False):
             _log_to_file(f"{type(exc).__name__}: {exc}", exc)
-        raise
+        # A disk that refuses writes refuses every job: that ends the sweep (one line).
+        if HydraConfig.get().mode != RunMode.MULTIRUN or refused_write(exc) is not None:
+            raise
+        return _failed_job(cfg, out_dir, exc)
+
+
+def _failed_job(cfg: DictConfig, out_dir: Path, exc: Exception) -> dict:
+    """A sweep job that raised (a bug: a user policy's, say) leaves a summary with status
+    ``failed`` and the error, like a job whose input was rejected, so the other jobs go on
+    and the sweep's table counts it (:class:`SweepReport`); its traceback is in its
+    ``app.log``. A resume runs it again."""
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())
+    summary = error_summary(cfg, f"{message} (traceback in app.log)", status="failed")
+    atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
+    print(f"error: {_shown(out_dir)}: the job failed: {message} (traceback in its app.log)",
+          file=sys.stderr, flush=True)
+    print(summary_json(summary, indent=None), flush=True)
+    return summary
 
 
 def _log_to_file(message: str, exc: BaseException | None = None) -> None:
@@ -143,7 +160,7 @@ def _replay(cfg: DictConfig, out_dir: Path) -> dict:
             fail(input_error_message(exc))
         # In a sweep the other jobs go on: this one leaves a summary saying why it failed,
         # and the sweep's report counts it (SweepReport).
-        summary = error_summary(cfg, exc)
+        summary = error_summary(cfg, input_error_message(exc))
         # A disk that refuses even this record (full, read-only) refuses every job: its
         # error ends the sweep (one line, exit 2) rather than leave a job without a summary
         # that the sweep's report would not count.
@@ -250,14 +267,15 @@ class SweepReport:
     ``hydra.sweep.dir``: its status, policy, completions, TTFT, TPOT, latency and throughput
     with their units; when a configuration ran with several seeds, a second table gives
     each configuration's mean and 95 % interval over them. A job whose summary has status
-    ``error``, or one of ``output.fail_on`` (e.g. ``[livelock, stalled]``), counts as
+    ``error`` or ``failed`` (:data:`~replay.storage.outputs.NO_RESULT_STATUSES`), or one of
+    ``output.fail_on`` (e.g. ``[livelock, stalled]``), counts as
     failed; then the sweep exits with status 1, so a script cannot miss it.
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from replay.results import sweep_jobs, sweep_text
 
-        fail_on = {"error", *config.output.get("fail_on", [])}
+        fail_on = {*NO_RESULT_STATUSES, *config.output.get("fail_on", [])}
         sweep = Path(config.hydra.sweep.dir)
         jobs = sweep_jobs(sweep)
         if jobs:

@@ -1,8 +1,35 @@
-"""The base class of every error caused by bad input (files, rows, config values).
+"""The base class of every error caused by bad input (files, rows, config values), and the
+one line a command ends with on Ctrl-C.
 
 ``python -m replay`` reports these as one line naming what is wrong and exits with
 status 2; anything else (a policy bug, say) keeps its traceback.
 """
+
+import sys
+
+#: What a command prints when Ctrl-C ends it (:func:`report_interrupt`).
+INTERRUPTED = "interrupted (Ctrl-C)"
+
+
+def report_interrupt(kind, value, traceback) -> None:
+    """``sys.excepthook`` of the commands: an interrupt that reaches the top ends with one line
+    instead of Python's traceback (none if the line was printed already: ``value.reported``,
+    :func:`replay.config.cli.interrupted`). Python still ends the process by SIGINT, as an
+    interrupted program should (status 130 in a shell). Any other error keeps its traceback."""
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, traceback)
+    elif not getattr(value, "reported", False):
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+
+
+def when_run_as_a_command() -> None:
+    """Install :func:`report_interrupt` if a package is being imported for ``python -m
+    PACKAGE.MODULE`` (Python imports the package before the module, with ``sys.argv[0]`` set
+    to ``-m`` until then), so that Ctrl-C while the command still imports its libraries
+    (pandas, numba: a second or more) is one line too. Importing the package otherwise (a
+    library use, a test) leaves the hook alone."""
+    if sys.argv[:1] == ["-m"]:
+        sys.excepthook = report_interrupt
 
 
 class InputError(Exception):

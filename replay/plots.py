@@ -20,7 +20,12 @@ from policies.labels import policy_label
 from replay.errors import InputError
 from replay.experiments.plots.common import plot_kv_timelines
 from replay.experiments.plots.prefix_cache import plot_cache_timelines
-from replay.storage.outputs import ensure_writable_dir, read_summary, table_problem
+from replay.storage.outputs import (
+    NO_RESULT_STATUSES,
+    ensure_writable_dir,
+    read_summary,
+    table_problem,
+)
 
 TABLE = "iterations.parquet"
 
@@ -37,7 +42,7 @@ def finished_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
     if summary is None:
         raise InputError(f"{summary_path}: not a whole JSON object (damaged, or a run "
                          f"interrupted while writing it)")
-    if summary.get("status") == "error":
+    if summary.get("status") in NO_RESULT_STATUSES:
         raise InputError(f"{run_dir}: the run failed, nothing to plot "
                          f"({summary.get('message', 'no message')})")
     if not isinstance(summary.get("kv_capacity"), int):

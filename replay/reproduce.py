@@ -50,6 +50,7 @@ from replay.experiments.time_spent import run_sums
 from replay.results import TABLE_NAME, collect
 from replay.storage.data import sha256_of
 from replay.storage.outputs import (
+    NO_RESULT_STATUSES,
     atomic_write_text,
     changed_inputs,
     ensure_writable_dir,
@@ -182,7 +183,7 @@ def _run_quietly(command: list[str], label: str, tally: Tally) -> tuple[int, lis
             # summaries' openings rather than parse whole lines.
             statuses = SUMMARY_START.findall(line)
             tally.reused += line.count("finished run with the same config")
-            tally.failed += statuses.count("error")
+            tally.failed += sum(statuses.count(status) for status in NO_RESULT_STATUSES)
             if statuses:
                 bar.update(len(statuses))
                 bar.set_postfix(reused=tally.reused - reused_before, failed=tally.failed)

@@ -114,3 +114,31 @@ def test_ctrl_c_is_one_line_and_an_interrupted_exit(tmp_path, args):
     assert lines[-1] == ("interrupted (Ctrl-C); finished runs are kept, and the same "
                          "command resumes from them")
     assert "Traceback" not in err and err.count("interrupted") == 1, err
+
+
+ENGINE_LOG = "vllm_logs/llmservingsim/RTX4090/Llama-3.1-8B"
+
+
+@pytest.mark.parametrize(("command", "seconds"), [
+    (["replay.bench", "--n", "300000"], 5.0),
+    (["replay.reproduce", "c1", "--outputs", "{tmp}"], 8.0),
+    (["replay.crosscheck", "--out", "{tmp}"], 6.0),
+    (["replay.compile"], 2.0),
+    (["replay.engine_check", "{data}/" + ENGINE_LOG, "--out", "{tmp}"], 3.0),
+    (["replay.fluid", "experiment=b1_wait_low"], 0.5),  # a short command: while it imports
+    (["traces.stats", "workload=lmsys"], 1.0),
+    (["traces.stats", "workload=lmsys"], 0.3),  # still importing pandas
+], ids=lambda value: value[0] if isinstance(value, list) else None)
+def test_ctrl_c_ends_every_command_with_one_line(tmp_path, data_dir, command, seconds):
+    """Issue 45 item 9, beyond ``replay``: each command ends on Ctrl-C with one line, killed
+    by SIGINT, whatever it was doing (a reproduction's own ``replay`` children included)."""
+    args = [a.format(tmp=tmp_path, data=data_dir) for a in command]
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(seconds)
+    assert proc.poll() is None, "finished before the interrupt: give it more work"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT, err
+    lines = [line for line in err.splitlines() if "resource_tracker" not in line]
+    assert len(lines) == 1 and lines[0].startswith("interrupted (Ctrl-C)"), err

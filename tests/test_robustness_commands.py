@@ -228,10 +228,33 @@ def test_ctrl_c_is_one_line_and_an_interrupted_exit():
     assert done.stderr == "interrupted (Ctrl-C)\n"
 
 
+def test_ctrl_c_while_a_command_imports_is_one_line(monkeypatch, capsys):
+    """Before a command's ``main`` runs (pandas and numba take a second or more to import),
+    no ``run_or_exit`` catches Ctrl-C: the hook its package installs prints the line."""
+    from replay.errors import report_interrupt, when_run_as_a_command
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])  # imported as a library
+    when_run_as_a_command()
+    assert sys.excepthook is sys.__excepthook__
+    monkeypatch.setattr(sys, "argv", ["-m", "workload=lmsys"])  # by `python -m traces.stats`
+    when_run_as_a_command()
+    assert sys.excepthook is report_interrupt
+    report_interrupt(KeyboardInterrupt, KeyboardInterrupt(), None)
+    said = KeyboardInterrupt()
+    said.reported = True  # run_or_exit printed its line (with a hint) already
+    report_interrupt(KeyboardInterrupt, said, None)
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+    try:
+        raise ValueError("a bug")
+    except ValueError as exc:
+        report_interrupt(ValueError, exc, exc.__traceback__)
+    assert "Traceback" in capsys.readouterr().err  # a bug keeps its traceback
+
+
 #: Commands whose entry is not this project's one error path: ``replay`` (its app catches
-#: the same errors itself), the LP worker (a child process, silent by design), and
-#: traces.stats, owned elsewhere and not yet converted (issue 45).
-ENTRY_EXCEPTIONS = {"replay/__main__.py", "replay/bounds/lp_worker.py", "traces/stats.py"}
+#: the same errors itself) and the LP worker (a child process, silent by design).
+ENTRY_EXCEPTIONS = {"replay/__main__.py", "replay/bounds/lp_worker.py"}
 
 
 def test_every_command_enters_through_the_one_error_path():
@@ -242,3 +265,125 @@ def test_every_command_enters_through_the_one_error_path():
             continue
         entry = text.split('if __name__ == "__main__":', 1)[1]
         assert "run_or_exit(main)" in entry, f"{relative}: its __main__ block bypasses run_or_exit"
+
+
+# ------------------------------------------------------------------- issue 45 item 7
+SMALL = ["workload=synthetic", "workload.n=6", "arrivals=all_at_once", "timing=unit",
+         "kv.tokens=200", "engine.fast_forward=false"]
+
+USER_POLICIES = '''
+from dataclasses import dataclass
+
+from replay.engine.policy import Batch, OverflowRule
+
+
+@dataclass
+class ReturnsNone:
+    overflow: OverflowRule
+
+    def decide(self, view):
+        return None
+
+
+@dataclass
+class ReturnsText:
+    overflow: OverflowRule
+
+    def decide(self, view):
+        return "start all"
+
+
+@dataclass
+class Raises:
+    overflow: OverflowRule
+
+    def decide(self, view):
+        if view.iteration >= 2:
+            raise ValueError(f"my bug at iteration {view.iteration}")
+        return Batch(start=view.waiting[:1])
+'''
+
+
+@pytest.fixture
+def user_policies(tmp_path, monkeypatch) -> Path:
+    """A folder holding ``user_policies.py`` (three broken policies), on ``sys.path``."""
+    (tmp_path / "user_policies.py").write_text(USER_POLICIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("name", "returned"), [("ReturnsNone", "NoneType None"),
+                                                ("ReturnsText", "str 'start all'")])
+def test_a_decision_that_is_not_a_batch_names_the_policy_and_what_it_returned(
+        user_policies, name, returned):
+    from replay.engine.rules import DecisionError
+
+    cfg = compose_config([*SMALL, "policy=fcfs", f"policy._target_=user_policies.{name}"])
+    with pytest.raises(DecisionError) as caught:
+        run(cfg, user_policies / "run")
+    assert str(caught.value) == (f"{name}.decide returned {returned}, not a "
+                                 f"replay.engine.policy.Batch")
+    assert not (user_policies / "run" / "summary.json").exists()
+
+
+def test_a_failed_sweep_job_leaves_its_summary_and_one_line(user_policies, capsys):
+    from replay.app import _failed_job
+
+    cfg = compose_config([*SMALL, "policy=fcfs", "policy._target_=user_policies.Raises"])
+    job = user_policies / "job"
+    job.mkdir()
+    with pytest.raises(ValueError) as caught:
+        run(cfg, job)
+    summary = _failed_job(cfg, job, caught.value)
+    assert json.loads((job / "summary.json").read_text()) == summary
+    assert (summary["status"], summary["message"], summary["partial"]) == (
+        "failed", "ValueError: my bug at iteration 2 (traceback in app.log)", True)
+    assert summary["config"]["policy"]["_target_"] == "user_policies.Raises"
+    out, err = capsys.readouterr()
+    assert err == f"error: {job}: the job failed: ValueError: my bug at iteration 2 (traceback " \
+                  f"in its app.log)\n"
+    assert json.loads(out) == summary  # stdout: the job's summary, as every job prints
+
+
+def test_the_sweep_table_counts_a_failed_job(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from replay.app import SweepReport
+
+    for name, status in (("a", "completed"), ("b", "failed"), ("c", "error")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"status": status}))
+    config = OmegaConf.create({"output": {"fail_on": []}, "hydra": {"sweep": {"dir": str(
+        tmp_path)}}})
+    with pytest.raises(SystemExit) as caught:
+        SweepReport().on_multirun_end(config)
+    err = capsys.readouterr().err
+    assert caught.value.code == 1 and err.startswith(f"3 jobs in {tmp_path}:\n")
+    assert err.splitlines()[-1] == (f'error: 2 of 3 jobs in {tmp_path} failed ({{"error": 1, '
+                                    f'"failed": 1}}); their summary.json says why')
+
+
+@pytest.mark.slow
+def test_a_sweep_records_a_job_whose_policy_raised_and_still_prints_its_table(user_policies):
+    import os
+
+    sweep = user_policies / "sweep"
+    command = [sys.executable, "-m", "replay", "-m", *SMALL, "policy=fcfs",
+               "policy._target_=user_policies.Raises,policies.fcfs.FCFSLookahead",
+               f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(user_policies), os.environ.get("PYTHONPATH", "")])}
+    for _ in range(2):  # and a resume runs the failed job again, reusing the other
+        done = subprocess.run(command, cwd=REPO, env=env, text=True, capture_output=True,
+                              timeout=300, check=False)
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        failed = next(sweep.glob("*Raises*"))
+        assert json.loads((failed / "summary.json").read_text())["status"] == "failed"
+        assert "Traceback (most recent call last)" in (failed / "app.log").read_text()
+        assert (f"error: {failed}: the job failed: ValueError: my bug at iteration 2 "
+                f"(traceback in its app.log)") in done.stderr
+        assert f"2 jobs in {sweep}:" in done.stderr
+        assert done.stderr.splitlines()[-1] == (f'error: 1 of 2 jobs in {sweep} failed '
+                                                f'({{"failed": 1}}); their summary.json says why')
+    assert "finished run with the same config" in done.stderr

@@ -124,3 +124,9 @@ def test_a_target_reruns_only_the_run_whose_table_was_damaged(tmp_path):
     run_target("c3", outputs_root=tmp_path, tally=again)
     assert (again.up_to_date, again.ran, again.reused) == (False, 1, first.ran - 1)
     assert target_stale_reason("c3", tmp_path / "c3", False) is None
+
+
+def test_a_failed_job_is_run_again(tmp_path):
+    """Issue 45 item 7: a sweep job that raised leaves a summary that a resume never reuses."""
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "message": "x"}))
+    assert stale_reason(tmp_path, {}, TABLES) == "it failed before (status failed)"

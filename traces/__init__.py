@@ -4,3 +4,7 @@
 The replay reads traces from ``${data_dir}/traces/`` (see ``configs/workload/``); nothing here
 is imported by a replay.
 """
+
+from replay.errors import when_run_as_a_command
+
+when_run_as_a_command()  # Ctrl-C while a command imports is one line too

@@ -24,7 +24,7 @@ from hydra.errors import (
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from replay.errors import ConfigError, InputError
+from replay.errors import INTERRUPTED, ConfigError, InputError, report_interrupt
 
 T = TypeVar("T")
 
@@ -42,15 +42,10 @@ def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:
     script that runs it. The line is printed once however many of these helpers the
     interrupt passes through."""
     if not getattr(exc, "reported", False):
-        print(f"interrupted (Ctrl-C){f'; {hint}' if hint else ''}", file=sys.stderr, flush=True)
+        print(f"{INTERRUPTED}{f'; {hint}' if hint else ''}", file=sys.stderr, flush=True)
         exc.reported = True
-        sys.excepthook = _quiet_on_interrupt
+        sys.excepthook = report_interrupt
     raise exc
-
-
-def _quiet_on_interrupt(kind, value, traceback) -> None:
-    if not issubclass(kind, KeyboardInterrupt):
-        sys.__excepthook__(kind, value, traceback)
 
 
 #: Errors by which the disk, not the program, refuses a write (a full disk, a quota, a
@@ -213,13 +208,13 @@ def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
         interrupted(exc)
 
 
-def error_summary(cfg: DictConfig, exc: BaseException) -> dict:
-    """The summary a sweep job leaves when its input was rejected."""
+def error_summary(cfg: DictConfig, message: str, status: str = "error") -> dict:
+    """The summary a sweep job leaves when it produced no result: its input was rejected
+    (status ``error``) or it raised (``failed``); ``message`` says why."""
     from omegaconf import OmegaConf
 
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:
         config = OmegaConf.to_container(cfg, resolve=False)
-    return {"status": "error", "message": input_error_message(exc), "partial": True,
-            "config": config}
+    return {"status": status, "message": message, "partial": True, "config": config}

@@ -37,12 +37,12 @@ def refusal(folder: Path, config: DictConfig) -> str | None:
     """Why a run of ``config`` in ``folder`` will be refused (``None``: it will not be): the
     folder holds a finished run of another config and ``output.overwrite`` is off.
     The app makes the same check (:func:`replay.storage.outputs.stale_reason`)."""
-    from replay.storage.outputs import read_summary, result_config
+    from replay.storage.outputs import NO_RESULT_STATUSES, read_summary, result_config
 
     if config.get("study") is not None or config.get("output", {}).get("overwrite", False):
         return None
     summary = read_summary(folder / "summary.json")
-    if summary is None or summary.get("status") == "error" or "config" not in summary:
+    if summary is None or summary.get("status") in NO_RESULT_STATUSES or "config" not in summary:
         return None
     task = _task_config(config)
     if task is None or result_config(summary["config"]) == result_config(task):

@@ -178,6 +178,10 @@ def summary_json(summary: dict, **dumps) -> str:
     return json.dumps(cleaned, allow_nan=False, **{"indent": 1, "default": str, **dumps})
 
 
+#: The statuses of a job that produced no result: its input was rejected (``error``) or it
+#: raised (``failed``, a bug). Its summary holds the message and the config, nothing to reuse.
+NO_RESULT_STATUSES = ("error", "failed")
+
 #: The summary's key for the SHA-256 of the rest of its content (:func:`write_summary`).
 DIGEST_KEY = "summary_sha256"
 
@@ -252,8 +256,8 @@ def stale_reason(out_dir: Path, resolved: dict, tables: Sequence[str]) -> str | 
     summary = read_summary(summary_path)
     if summary is None:
         return "its summary.json is unreadable (a run interrupted while writing?)"
-    if summary.get("status") == "error":
-        return "it failed before (status error)"
+    if summary.get("status") in NO_RESULT_STATUSES:
+        return f"it failed before (status {summary['status']})"
     if result_config(summary.get("config") or {}) != result_config(resolved):
         raise ValueError(f"{out_dir} holds a run of another config")
     if DIGEST_KEY not in summary:
