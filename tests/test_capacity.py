@@ -28,6 +28,7 @@ def mean_queueing_delay(load: float, horizon: int) -> tuple[float, dict]:
     return float((done["start"] - done["arrival"]).mean()), result.fluid
 
 
+@pytest.mark.slow
 def test_wait_on_the_refitted_linear_timing_is_stable_below_load_1_only():
     below = {h: mean_queueing_delay(0.9, h) for h in (10, 30)}
     fluid = below[10][1]

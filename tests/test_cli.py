@@ -110,6 +110,7 @@ def test_a_config_that_does_not_compose_is_one_error_line_with_the_choices(
     assert says in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_prints_a_summary_for_people_on_stderr_and_json_last_on_stdout(tmp_path):
     proc = run_cli("workload.n=50", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr
@@ -166,6 +167,7 @@ def test_long_job_folder_names_are_cut_to_a_file_name_with_a_hash_of_the_whole()
     assert job_dirname("policy=mcsf,seed=1") == "policy=mcsf,seed=1"  # short names stay
 
 
+@pytest.mark.slow
 def test_new_commands_answer_bad_input_with_one_error_line(tmp_path):
     (tmp_path / "a_file").write_text("in the way")
     for module, args, message in (

@@ -40,6 +40,7 @@ def test_configs_describe_the_experiments(name, online):
         [5, 12] if small else [40, 60])
 
 
+@pytest.mark.slow
 def test_quick_study_writes_csv_histograms_and_resumes(tmp_path):
     cfg = study_config("mcsf_vs_opt_online_small", "study.quick=true", "study.workers=1",
                        "study.progress=false")
@@ -117,6 +118,7 @@ def test_empty_online_trial_is_counted_not_dropped():
     assert summary["empty_trials"] == 1 and summary["proven_optimal"] == 0
 
 
+@pytest.mark.slow
 def test_a_partial_trial_row_is_dropped_and_a_study_extends_in_place(tmp_path):
     tiny = ("study.workers=1", "study.progress=false", "study.lp_bound=false",
             "study.n_requests=[3,4]", "study.time_limit_s=5")

@@ -66,6 +66,7 @@ def _example(path: Path, name: str, monkeypatch):
     return module
 
 
+@pytest.mark.slow
 def test_the_compiled_example_decides_as_the_python_one(monkeypatch):
     """The page's two versions of longest prompt first give the same run, one deciding in
     Python through the engine's bridge, the other compiled."""
@@ -105,6 +106,7 @@ def test_the_example_policy_replays_with_its_config(monkeypatch):
     assert policy_label(OmegaConf.to_container(cfg.policy)) == "LongestPromptFirst"
 
 
+@pytest.mark.slow
 def test_bench_times_the_example_policy_decided_in_python():
     """``replay.bench --user-policy``: a user's own policy, loaded from the docs' example
     file, runs beside a built-in one, its decision in Python, the built-in's compiled."""

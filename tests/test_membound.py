@@ -73,6 +73,7 @@ def test_b3_epsilon_variant_raises_the_thresholds():
     assert margin.policy._target_ == plain.policy._target_
 
 
+@pytest.mark.slow
 def test_membound_figure_from_a_tiny_sweep(tmp_path):
     import subprocess
     import sys

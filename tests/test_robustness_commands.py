@@ -35,6 +35,7 @@ def two_runs(tmp_path):
     return first, second
 
 
+@pytest.mark.slow
 def test_an_empty_query_and_a_corrupt_table_are_input_errors(tmp_path):
     first, _ = two_runs(tmp_path)
     table = tmp_path / "t.parquet"
@@ -49,6 +50,7 @@ def test_an_empty_query_and_a_corrupt_table_are_input_errors(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error:"), done.stderr
 
 
+@pytest.mark.slow
 def test_a_non_numeric_metric_refuses_its_run_not_the_column(tmp_path, capsys):
     first, second = two_runs(tmp_path)
     summary = json.loads((second / "summary.json").read_text())

@@ -105,6 +105,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path):
         assert "summary.json" not in left
 
 
+@pytest.mark.slow
 def test_a_reproduction_onto_a_full_disk_is_one_line(tmp_path):
     """Issue 45 item 5: the sweep's worker and the reproduction's own records both met the
     full disk with a traceback."""
@@ -115,6 +116,7 @@ def test_a_reproduction_onto_a_full_disk_is_one_line(tmp_path):
         assert f"cannot write {full}/out" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_read_only_folder_is_one_line(tmp_path):
     _, out = finished_run(tmp_path)
     with tmpfs(tmp_path / "ro", "ro") as ro:
@@ -144,6 +146,7 @@ def test_results_collect_out_under_a_file_is_one_line(tmp_path):
 
 
 # ----------------------------------------------------------- class 2: verified resume
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "same_size"])
 def test_a_damaged_table_is_recomputed_not_reused(tmp_path, damage):
     trace, out = finished_run(tmp_path)
@@ -162,6 +165,7 @@ def test_a_damaged_table_is_recomputed_not_reused(tmp_path, damage):
     assert table.read_bytes() == good
 
 
+@pytest.mark.slow
 def test_an_intact_run_is_still_reused(tmp_path):
     trace, out = finished_run(tmp_path)
     again = csv_run(trace, out)
@@ -169,6 +173,7 @@ def test_an_intact_run_is_still_reused(tmp_path):
     assert "skipping" in again.stderr + again.stdout
 
 
+@pytest.mark.slow
 def test_a_sweep_resume_recomputes_a_truncated_table(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "workload.n=20", "seed=0,1", f"hydra.sweep.dir={sweep}",
@@ -202,6 +207,7 @@ def test_summary_json_has_no_infinity_and_says_what_was_not_finite():
     assert summary_json(same) == json.dumps(same, indent=1, default=str)
 
 
+@pytest.mark.slow
 def test_an_infinite_stability_boundary_is_null_in_summary_json(tmp_path):
     out = tmp_path / "run"
     done = run_cli("policy=wait", "workload=typed", "arrivals=trace", "timing=unit",

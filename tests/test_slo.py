@@ -105,6 +105,7 @@ def test_bisection_reports_a_capacity_outside_the_range_and_stops_at_max_runs():
     assert len(slo_capacity.search(step(3.3), 0.5, 8.0, 0.9, 1e-6, 5)["tested"]) == 5
 
 
+@pytest.mark.slow
 def test_the_capacity_study_runs_a_short_search(tmp_path):
     if not (DATA_DIR / "traces").is_dir():
         pytest.skip(f"data directory {DATA_DIR} not present")

@@ -68,6 +68,7 @@ def test_a_bad_override_in_the_last_job_stops_the_sweep_before_any_job(tmp_path,
     assert not list((tmp_path / "sweep").glob("*/summary.json"))  # no job ran
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_every_job(tmp_path):
     proc = run_cli("-m", *SMALL, "policy=fcfs,mcsf", "seed=0,1,2",
                    f"hydra.sweep.dir={tmp_path}")

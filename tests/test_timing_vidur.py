@@ -100,6 +100,7 @@ def test_tables_reproduce_vidur_get_execution_time(timings, setup):
     assert sum(timing.out_of_range_batches.values()) == 0
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_context_is_cached_tokens_and_lookups_follow_vidur_rounding(timings):
     timing = timings["70b"]
@@ -119,6 +120,7 @@ def test_context_is_cached_tokens_and_lookups_follow_vidur_rounding(timings):
     assert timing.duration(shape([512], [2048])) > timing.duration(shape([512], [0]))
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_second_instance_loads_tables_without_training(timings, monkeypatch):
     timing = timings["70b"]
@@ -139,6 +141,7 @@ def test_second_instance_loads_tables_without_training(timings, monkeypatch):
                     cache_dir=str(timing.cache_dir), limits={"kv_granularity": 64})
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_out_of_range_error_names_the_limits(timings):
     strict = VidurTiming(str(PROFILES), "meta-llama/Llama-2-70b-hf", "a100", 2,
@@ -153,6 +156,7 @@ def test_out_of_range_error_names_the_limits(timings):
     assert strict.duration(shape([1] * 128, [4000] * 128)) > 0   # the edge is inside
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_extrapolation_scales_from_the_profile_edge_and_is_logged(timings, caplog):
     timing = timings["70b"]
@@ -179,6 +183,7 @@ def test_extrapolation_scales_from_the_profile_edge_and_is_logged(timings, caplo
     assert counts["context"] == before["context"] + 2
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_extrapolation_agrees_with_the_tables_inside_the_range(timings):
     timing = timings["7b"]
@@ -188,6 +193,7 @@ def test_extrapolation_agrees_with_the_tables_inside_the_range(timings):
                                                                   rel=1e-12)
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_7b_attention_is_derived_and_its_provenance_reported(timings):
     info = timings["7b"].describe()
@@ -315,6 +321,7 @@ def test_fetch_puts_each_download_where_the_backend_reads_it(tmp_path):
     assert (local / "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv") in fetched
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_standard_shapes_table(timings):
     shapes = standard_shapes()
@@ -352,6 +359,7 @@ def test_batch_mix_covers_what_policies_produce():
     assert min(means) < 100 and max(means) > 2000
 
 
+@pytest.mark.slow
 @needs_profiles
 def test_fit_meets_its_target_on_the_quick_predictor(timings):
     """Decode batches 1..512 x contexts 16..4096: median relative error <= 5 %, max <= 20 %
@@ -367,6 +375,7 @@ def test_fit_meets_its_target_on_the_quick_predictor(timings):
         assert result["d3"] > 0 and result["d4"] > 0
 
 
+@pytest.mark.slow
 @needs_profiles
 @pytest.mark.parametrize("setup", ["70b", "7b"])
 def test_beyond_profile_changes_only_batches_past_the_profile(timings, cache_dir, setup):
@@ -437,6 +446,7 @@ def test_missing_kernel_tables_package_is_a_clear_error(monkeypatch):
         aiconfigurator.prefill_kv_head_ratio()
 
 
+@pytest.mark.slow
 @needs_profiles
 @pytest.mark.parametrize("setup", ["70b", "7b"])
 def test_explain_splits_the_typical_iteration_into_parts_that_sum_to_its_price(timings, setup):
