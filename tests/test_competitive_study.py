@@ -68,6 +68,7 @@ def test_quick_study_writes_csv_histograms_and_resumes(tmp_path):
                                   .reset_index(drop=True)[same])
 
 
+@pytest.mark.slow
 def test_rerun_with_other_parameters_is_refused(tmp_path):
     cfg = study_config("mcsf_vs_opt_offline_small", "study.quick=true", "study.workers=1",
                        "study.progress=false", "study.lp_bound=false")

@@ -249,6 +249,7 @@ def fluid_cli(*args):
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cli_prints_one_json_line():
     done = fluid_cli("experiment=b1_wait_low", "timing=linear", "workload.load=0.5")
     assert done.returncode == 0, done.stderr

@@ -98,6 +98,7 @@ def test_optimum_matches_exhaustive_enumeration(solver):
         assert is_feasible(inst, result.starts) and tel(inst, result.starts) == best
 
 
+@pytest.mark.slow
 def test_highs_matches_exhaustive_in_its_own_process():
     # highspy and ortools cannot be loaded into one process (their HiGHS builds clash).
     code = (

@@ -33,6 +33,7 @@ def test_membound_config_composes_with_a_small_explicit_budget(experiment):
     assert cfg.workload.load is None and cfg.workload.total_rate > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", sorted(SCENARIOS))
 @pytest.mark.parametrize("policy", ["vllm", "sarathi", "wait_side"])
 def test_membound_quick_point_runs_and_baselines_evict(experiment, policy, tmp_path):

@@ -155,13 +155,13 @@ def workloads(draw, max_n: int = 14):
 
 def pairs(policies, timing_names, fast: set[tuple[str, str]]) -> list:
     """Every (policy, timing) pair; those not in ``fast`` are slow (CI runs them all: the
-    default run keeps a lookahead, a serving, the WAIT paper's FCFS and a WAIT pair, and a
+    default run keeps a lookahead, a serving and the WAIT paper's FCFS pair, and a
     few with the cache, within its CPU budget)."""
     return [pytest.param(policy, timing, marks=() if (policy, timing) in fast
                          else pytest.mark.slow) for policy in policies for timing in timing_names]
 
 
-FAST_PAIRS = {("fcfs", "unit"), ("vllm", "unit"), ("paper_fcfs", "unit"), ("wait", "linear")}
+FAST_PAIRS = {("fcfs", "unit"), ("vllm", "unit"), ("paper_fcfs", "unit")}
 
 
 @pytest.mark.parametrize(("policy", "timing"), pairs(POLICIES, TIMINGS, FAST_PAIRS))

@@ -70,6 +70,7 @@ def test_a_non_numeric_metric_refuses_its_run_not_the_column(tmp_path, capsys):
     ("replay.crosscheck", ["--n", "0"], "at least 1"),
     ("replay.tools.fit_linear", ["--batches", "0"], "must be 1..1,000,000"),
 ])
+@pytest.mark.slow
 def test_bad_arguments_are_one_line(name, args, fragment):
     done = module(name, *args)
     assert done.returncode == 2, done.stderr
@@ -82,6 +83,7 @@ def test_bad_arguments_are_one_line(name, args, fragment):
     (["experiment=b_capacity", "study.fractions=[-1]"], "study.fractions: -1 is not allowed"),
     (["experiment=b_capacity", "study.horizons=[0,5]"], "two horizons > 0"),
 ])
+@pytest.mark.slow
 def test_study_sizes_are_bounded_before_any_run(tmp_path, args, fragment):
     done = module("replay", *args, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2, done.stderr

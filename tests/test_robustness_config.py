@@ -69,6 +69,7 @@ values = st.one_of(
              max_size=4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())

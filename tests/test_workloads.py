@@ -345,6 +345,7 @@ def test_splitwise_timestamps_follow_their_rows(data_dir):
 
 @pytest.mark.parametrize("arrivals", [AllAtOnce(), Poisson(rate=10.0),
                                       PiecewisePoisson(rates=[10, 50], boundaries=[5.0])])
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["lmsys", "mixed", "lmsys_synthetic", "splitwise_code"])
 def test_any_arrival_process_combines_with_any_workload(name, arrivals, request):
     needs_data(name, request)
