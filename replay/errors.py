@@ -5,7 +5,9 @@ one line a command ends with on Ctrl-C.
 status 2; anything else (a policy bug, say) keeps its traceback.
 """
 
+import signal
 import sys
+import threading
 
 #: What a command prints when Ctrl-C ends it (:func:`report_interrupt`).
 INTERRUPTED = "interrupted (Ctrl-C)"
@@ -30,6 +32,21 @@ def when_run_as_a_command() -> None:
     library use, a test) leaves the hook alone."""
     if sys.argv[:1] == ["-m"]:
         sys.excepthook = report_interrupt
+        sys.unraisablehook = resend_lost_interrupt
+
+
+def resend_lost_interrupt(unraisable) -> None:
+    """``sys.unraisablehook`` of the commands. A Ctrl-C that lands in a C library's callback
+    (llvmlite's, while numba compiles) is "ignored" by Python, which prints a traceback and
+    goes on: the command would neither stop nor end with one line. The interrupt is sent
+    again a moment later instead (one raised inside this hook would be ignored too), so the
+    next Python code the command runs stops as usual. Anything else is reported as Python
+    does."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        threading.Timer(0.01, signal.pthread_kill,
+                        (threading.main_thread().ident, signal.SIGINT)).start()
+    else:
+        sys.__unraisablehook__(unraisable)
 
 
 class InputError(Exception):

@@ -138,7 +138,45 @@ def test_ctrl_c_ends_every_command_with_one_line(tmp_path, data_dir, command, se
     time.sleep(seconds)
     assert proc.poll() is None, "finished before the interrupt: give it more work"
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+        # nothing it started goes on computing: children and workers end soon after it
+        deadline = time.monotonic() + 30
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(proc.pid), "a child process outlived the interrupt"
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGINT, err
     lines = [line for line in err.splitlines() if "resource_tracker" not in line]
     assert len(lines) == 1 and lines[0].startswith("interrupted (Ctrl-C)"), err
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of process group ``group`` still runs (zombies aside)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return any(_state(pid) not in ("Z", None) for pid in _members(group))
+
+
+def _members(group: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == group:
+                    pids.append(int(entry))
+            except ProcessLookupError:
+                continue
+    return pids
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -238,6 +239,7 @@ def test_ctrl_c_while_a_command_imports_is_one_line(monkeypatch, capsys):
     from replay.errors import report_interrupt, when_run_as_a_command
 
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
     monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])  # imported as a library
     when_run_as_a_command()
     assert sys.excepthook is sys.__excepthook__
@@ -254,6 +256,32 @@ def test_ctrl_c_while_a_command_imports_is_one_line(monkeypatch, capsys):
     except ValueError as exc:
         report_interrupt(ValueError, exc, exc.__traceback__)
     assert "Traceback" in capsys.readouterr().err  # a bug keeps its traceback
+
+
+LOST_IN_A_CALLBACK = """
+import ctypes, sys, time
+sys.argv = ["-m"]  # as Python imports a package for `python -m`
+from replay.errors import when_run_as_a_command
+when_run_as_a_command()
+
+def callback():  # as llvmlite's, while numba compiles, when Ctrl-C lands in it
+    raise KeyboardInterrupt
+
+ctypes.CFUNCTYPE(None)(callback)()
+time.sleep(30)
+print("not interrupted")
+"""
+
+
+def test_ctrl_c_inside_a_c_callback_still_stops_the_command_with_one_line():
+    # Found by interrupting a sweep while numba compiled: Python printed the callback's
+    # traceback as "Exception ignored" and the interrupt was lost.
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", LOST_IN_A_CALLBACK], cwd=REPO, text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == -signal.SIGINT, done.stdout
+    assert time.monotonic() - started < 20  # at once, not after the 30 s the script sleeps
+    assert done.stderr == "interrupted (Ctrl-C)\n"
 
 
 #: Commands whose entry is not this project's one error path: ``replay`` (its app catches

@@ -65,7 +65,17 @@ def run_parallel(function: Callable, arguments: Iterable[tuple], workers: int) -
             yield function(*args)
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
         futures = [pool.submit(function, *args) for args in arguments]
         for future in as_completed(futures):
             yield future.result()
+    except BaseException:
+        # Ctrl-C, a failed trial or a consumer that stops early. Leaving by ``with`` would
+        # wait for every queued trial, and a worker outlives its own Ctrl-C (the pool hands
+        # the KeyboardInterrupt back as a result and the worker takes the next trial): a
+        # reproduction interrupted at once went on computing for 20 minutes. Cancel the
+        # queue, so each worker ends after the trial it is running.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
