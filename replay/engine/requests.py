@@ -255,12 +255,10 @@ class Requests:
         tokens (without content ids, every block is its own request's). ``with_output``:
         the full blocks of the whole sequence, the answer's tokens being the request's own,
         as an engine's cache holds them once generated."""
-        if not with_output:
-            return prefix_block_hashes(self.prompt_len, self.block_ids, self.block_offsets,
-                                       self.block_unit or block_size, block_size)
-        return prefix_block_hashes(self.prompt_len + self.output_len, self.block_ids,
-                                   self.block_offsets, self.block_unit or block_size,
-                                   block_size, own_from=self.prompt_len)
+        length = self.prompt_len + self.output_len if with_output else self.prompt_len
+        return prefix_block_hashes(length, self.block_ids, self.block_offsets,
+                                   self.block_unit or block_size, block_size,
+                                   own_from=self.prompt_len)
 
     def ids_of(self, i: int) -> np.ndarray:
         """Request ``i``'s prompt-content ids (empty without content ids)."""
