@@ -20,8 +20,19 @@ def report_interrupt(kind, value, traceback) -> None:
     interrupted program should (status 130 in a shell). Any other error keeps its traceback."""
     if not issubclass(kind, KeyboardInterrupt):
         sys.__excepthook__(kind, value, traceback)
-    elif not getattr(value, "reported", False):
+        return
+    if not getattr(value, "reported", False):
         print(INTERRUPTED, file=sys.stderr, flush=True)
+    ending_on_interrupt()
+
+
+def ending_on_interrupt() -> None:
+    """After the interrupt's line, the process only ends: objects the interrupt left half-way
+    (a library's context manager cut inside its ``__enter__``, say) are finalized while
+    Python shuts down and report errors such as ``sys.meta_path is None``, "ignored", under
+    the one line. They are consequences of the interrupt, not news, so nothing of the kind
+    is printed from here on."""
+    sys.unraisablehook = _ignore
 
 
 def when_run_as_a_command() -> None:
@@ -47,6 +58,10 @@ def resend_lost_interrupt(unraisable) -> None:
                         (threading.main_thread().ident, signal.SIGINT)).start()
     else:
         sys.__unraisablehook__(unraisable)
+
+
+def _ignore(unraisable) -> None:
+    """An unraisable hook that reports nothing (:func:`ending_on_interrupt`)."""
 
 
 class InputError(Exception):

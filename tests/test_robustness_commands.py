@@ -225,8 +225,30 @@ run_or_exit(run_or_exit, work)
 """
 
 
-def test_ctrl_c_is_one_line_and_an_interrupted_exit():
-    done = subprocess.run([sys.executable, "-c", INTERRUPTED], cwd=REPO, text=True,
+CUT_HALF_WAY = """
+import contextlib, sys
+from replay.config.cli import run_or_exit
+
+@contextlib.contextmanager
+def flag():  # as omegaconf's flag_override, which CI's interrupted traces.stats left open
+    try:
+        yield
+    finally:
+        import json  # fails while Python shuts down: "sys.meta_path is None"
+
+def work():
+    global left_open
+    left_open = flag()
+    left_open.__enter__()  # the interrupt came before its __exit__
+    raise KeyboardInterrupt
+
+run_or_exit(work)
+"""
+
+
+@pytest.mark.parametrize("script", [INTERRUPTED, CUT_HALF_WAY], ids=["plain", "cut-half-way"])
+def test_ctrl_c_is_one_line_and_an_interrupted_exit(script):
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, text=True,
                           capture_output=True, timeout=120, check=False)
     # Killed by SIGINT, as Python ends an interrupted program: a shell reports status 130.
     assert done.returncode == -signal.SIGINT

@@ -24,7 +24,13 @@ from hydra.errors import (
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from replay.errors import INTERRUPTED, ConfigError, InputError, report_interrupt
+from replay.errors import (
+    INTERRUPTED,
+    ConfigError,
+    InputError,
+    ending_on_interrupt,
+    report_interrupt,
+)
 
 T = TypeVar("T")
 
@@ -45,6 +51,7 @@ def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:
         print(f"{INTERRUPTED}{f'; {hint}' if hint else ''}", file=sys.stderr, flush=True)
         exc.reported = True
         sys.excepthook = report_interrupt
+        ending_on_interrupt()
     raise exc
 
 
