@@ -45,7 +45,7 @@ from replay.config.cli import (
     refused_write,
 )
 from replay.config.validate import validate_config
-from replay.errors import InputError
+from replay.errors import InputError, surfacing_interrupts
 from replay.storage.outputs import NO_RESULT_STATUSES, atomic_write_text, summary_json
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
@@ -67,7 +67,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         check_overrides(_overrides(sys.argv[1:]))
-        replay_job()
+        surfacing_interrupts(replay_job)
     except CONFIG_ERRORS as exc:
         fail(config_error_line(exc, sys.argv[1:]))
     except InputError as exc:
@@ -101,7 +101,7 @@ def _output_folder() -> str | None:
 def replay_job(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        return _replay(cfg, out_dir)
+        return surfacing_interrupts(_replay, cfg, out_dir)  # a job cut by Ctrl-C has not failed
     except Exception as exc:
         # The terminal shows the error; the run folder keeps it too, with the traceback of
         # a bug (a rejected input was written there by _replay as one line).

@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 from replay.config.cli import run_or_exit
+from replay.errors import end_worker_quietly_on_ctrl_c
 
 #: The config groups whose built-in choices name compiled rules by ``_target_``.
 RULE_GROUPS = ("policy", "timing")
@@ -104,12 +104,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _end_quietly_on_ctrl_c() -> None:
-    """A worker's Ctrl-C ends it at once and without a word: the command prints the one
-    line (an idle worker would print the KeyboardInterrupt of its queue read)."""
-    signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m replay.compile",
                                      description=__doc__.splitlines()[0])
@@ -124,7 +118,7 @@ def main() -> None:
     if len(shares) == 1:
         compile_rules(shares[0])
     else:
-        with ProcessPoolExecutor(len(shares), initializer=_end_quietly_on_ctrl_c) as pool:
+        with ProcessPoolExecutor(len(shares), initializer=end_worker_quietly_on_ctrl_c) as pool:
             list(pool.map(compile_rules, shares))
     print(f"the step loop and {len(names)} rules are compiled in {CACHE_DIR} "
           f"({time.perf_counter() - started:.1f} s, {len(shares)} processes)", flush=True)

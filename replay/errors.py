@@ -5,34 +5,76 @@ one line a command ends with on Ctrl-C.
 status 2; anything else (a policy bug, say) keeps its traceback.
 """
 
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
-#: What a command prints when Ctrl-C ends it (:func:`report_interrupt`).
+T = TypeVar("T")
+
+#: What a command prints when Ctrl-C ends it (:func:`say_interrupted`).
 INTERRUPTED = "interrupted (Ctrl-C)"
+
+
+def say_interrupted(hint: str = "") -> None:
+    """Print the interrupt's one line, once per process however many helpers the interrupt
+    passes through (:func:`replay.config.cli.interrupted`, :func:`report_interrupt`, a
+    Ctrl-C landing while the command ends), and from then on print nothing more: objects the
+    interrupt left half-way (a library's context manager cut inside its ``__enter__``, say)
+    are finalized while Python shuts down and report errors such as ``sys.meta_path is
+    None``, "ignored", under the line. They are consequences of the interrupt, not news."""
+    global _said
+    if not _said:
+        print(f"{INTERRUPTED}{f'; {hint}' if hint else ''}", file=sys.stderr, flush=True)
+        _said = True
+    sys.unraisablehook = _ignore
+
+
+_said = False
+
+
+def surfacing_interrupts(work: Callable[..., T], *args, **kwargs) -> T:
+    """Call ``work``; an error raised while a Ctrl-C was being handled is the Ctrl-C.
+
+    A library's cleanup can fail on the state an interrupt left half-built: CI's Ctrl-C of
+    ``replay.fluid`` landed in omegaconf's config building, whose ``finally`` then raised an
+    ``AttributeError``, wrapped in omegaconf's own error. Reported as it came, that is a
+    traceback (or, in a sweep, a job recorded as failed while the sweep goes on) instead of
+    the interrupt's one line and end."""
+    try:
+        return work(*args, **kwargs)
+    except Exception as exc:
+        cut = interrupt_behind(exc)
+        if cut is None:
+            raise
+        raise cut from None
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt among ``exc``'s causes and contexts, if any."""
+    pending, seen = [exc], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        if isinstance(current, KeyboardInterrupt):
+            return current
+        seen.add(id(current))
+        pending += [current.__cause__, current.__context__]
+    return None
 
 
 def report_interrupt(kind, value, traceback) -> None:
     """``sys.excepthook`` of the commands: an interrupt that reaches the top ends with one line
-    instead of Python's traceback (none if the line was printed already: ``value.reported``,
-    :func:`replay.config.cli.interrupted`). Python still ends the process by SIGINT, as an
-    interrupted program should (status 130 in a shell). Any other error keeps its traceback."""
-    if not issubclass(kind, KeyboardInterrupt):
+    (:func:`say_interrupted`) instead of Python's traceback. Python still ends the process
+    by SIGINT, as an interrupted program should (status 130 in a shell). Any other error
+    keeps its traceback."""
+    if issubclass(kind, KeyboardInterrupt):
+        say_interrupted()
+    else:
         sys.__excepthook__(kind, value, traceback)
-        return
-    if not getattr(value, "reported", False):
-        print(INTERRUPTED, file=sys.stderr, flush=True)
-    ending_on_interrupt()
-
-
-def ending_on_interrupt() -> None:
-    """After the interrupt's line, the process only ends: objects the interrupt left half-way
-    (a library's context manager cut inside its ``__enter__``, say) are finalized while
-    Python shuts down and report errors such as ``sys.meta_path is None``, "ignored", under
-    the one line. They are consequences of the interrupt, not news, so nothing of the kind
-    is printed from here on."""
-    sys.unraisablehook = _ignore
 
 
 def when_run_as_a_command() -> None:
@@ -51,17 +93,33 @@ def resend_lost_interrupt(unraisable) -> None:
     (llvmlite's, while numba compiles) is "ignored" by Python, which prints a traceback and
     goes on: the command would neither stop nor end with one line. The interrupt is sent
     again a moment later instead (one raised inside this hook would be ignored too), so the
-    next Python code the command runs stops as usual. Anything else is reported as Python
-    does."""
-    if issubclass(unraisable.exc_type, KeyboardInterrupt):
-        threading.Timer(0.01, signal.pthread_kill,
-                        (threading.main_thread().ident, signal.SIGINT)).start()
-    else:
+    next Python code the command runs stops as usual. A Ctrl-C that lands after the command's
+    work, while Python ends it (in an ``atexit`` callback, say), has no Python code left to
+    stop: its line is printed here and the process ends by SIGINT at once. Anything else
+    is reported as Python does."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
         sys.__unraisablehook__(unraisable)
+        return
+    if not threading.main_thread().is_alive() and threading.current_thread() is \
+            threading.main_thread():  # Python is ending the process: end it by SIGINT now
+        say_interrupted()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGINT)
+    threading.Timer(0.01, signal.pthread_kill,
+                    (threading.main_thread().ident, signal.SIGINT)).start()
+
+
+def end_worker_quietly_on_ctrl_c() -> None:
+    """Initializer of every worker pool the commands start (a study's trials,
+    ``replay.compile``): Ctrl-C reaches the whole process group, and a worker ends at once
+    and without a word, since the command prints the one line. Otherwise an idle worker
+    prints its queue read's KeyboardInterrupt, and a busy one hands the interrupt back as
+    its result and takes the next task."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
 
 
 def _ignore(unraisable) -> None:
-    """An unraisable hook that reports nothing (:func:`ending_on_interrupt`)."""
+    """An unraisable hook that reports nothing (:func:`say_interrupted`)."""
 
 
 class InputError(Exception):

@@ -246,7 +246,24 @@ run_or_exit(work)
 """
 
 
-@pytest.mark.parametrize("script", [INTERRUPTED, CUT_HALF_WAY], ids=["plain", "cut-half-way"])
+CLEANUP_FAILS = """
+from replay.config.cli import run_or_exit
+
+def work():
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        try:  # as omegaconf's cleanup on the config the interrupt left half-built
+            None._invalidate_flags_cache()
+        except AttributeError as exc:
+            raise ValueError("full_key: defaults") from exc  # wrapped as omegaconf does
+
+run_or_exit(work)
+"""
+
+
+@pytest.mark.parametrize("script", [INTERRUPTED, CUT_HALF_WAY, CLEANUP_FAILS],
+                         ids=["plain", "cut-half-way", "cleanup-fails"])
 def test_ctrl_c_is_one_line_and_an_interrupted_exit(script):
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, text=True,
                           capture_output=True, timeout=120, check=False)
@@ -258,8 +275,10 @@ def test_ctrl_c_is_one_line_and_an_interrupted_exit(script):
 def test_ctrl_c_while_a_command_imports_is_one_line(monkeypatch, capsys):
     """Before a command's ``main`` runs (pandas and numba take a second or more to import),
     no ``run_or_exit`` catches Ctrl-C: the hook its package installs prints the line."""
+    from replay import errors
     from replay.errors import report_interrupt, when_run_as_a_command
 
+    monkeypatch.setattr(errors, "_said", False)
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
     monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
     monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])  # imported as a library
@@ -269,10 +288,9 @@ def test_ctrl_c_while_a_command_imports_is_one_line(monkeypatch, capsys):
     when_run_as_a_command()
     assert sys.excepthook is report_interrupt
     report_interrupt(KeyboardInterrupt, KeyboardInterrupt(), None)
-    said = KeyboardInterrupt()
-    said.reported = True  # run_or_exit printed its line (with a hint) already
-    report_interrupt(KeyboardInterrupt, said, None)
+    report_interrupt(KeyboardInterrupt, KeyboardInterrupt(), None)  # passing the hook again
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+    assert sys.unraisablehook is errors._ignore  # nothing more once the line is out
     try:
         raise ValueError("a bug")
     except ValueError as exc:
@@ -293,6 +311,29 @@ ctypes.CFUNCTYPE(None)(callback)()
 time.sleep(30)
 print("not interrupted")
 """
+
+
+AFTER_THE_WORK = """
+import atexit, os, signal, sys, time
+sys.argv = ["-m"]  # as Python imports a package for `python -m`
+from replay.errors import when_run_as_a_command
+when_run_as_a_command()
+
+def closing():  # as tqdm's monitor thread's atexit callback, where CI's Ctrl-C landed
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+
+atexit.register(closing)
+"""
+
+
+def test_ctrl_c_while_a_finished_command_ends_is_one_line_too():
+    # Found by interrupting replay.engine_check just as it finished: the interrupt landed in
+    # an atexit callback, was sent again and killed the process without a word.
+    done = subprocess.run([sys.executable, "-c", AFTER_THE_WORK], cwd=REPO, text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == -signal.SIGINT
+    assert done.stderr == "interrupted (Ctrl-C)\n"
 
 
 def test_ctrl_c_inside_a_c_callback_still_stops_the_command_with_one_line():

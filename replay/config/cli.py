@@ -25,11 +25,11 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from replay.errors import (
-    INTERRUPTED,
     ConfigError,
     InputError,
-    ending_on_interrupt,
     report_interrupt,
+    say_interrupted,
+    surfacing_interrupts,
 )
 
 T = TypeVar("T")
@@ -41,17 +41,13 @@ def fail(message: object) -> NoReturn:
 
 
 def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:
-    """End on Ctrl-C with one line instead of Python's traceback.
+    """End on Ctrl-C with one line instead of Python's traceback (:func:`say_interrupted`).
 
     The interrupt is raised on, so the program still ends as an interrupted program
     should: killed by SIGINT (status 130 in a shell), which also stops a shell loop or
-    script that runs it. The line is printed once however many of these helpers the
-    interrupt passes through."""
-    if not getattr(exc, "reported", False):
-        print(f"{INTERRUPTED}{f'; {hint}' if hint else ''}", file=sys.stderr, flush=True)
-        exc.reported = True
-        sys.excepthook = report_interrupt
-        ending_on_interrupt()
+    script that runs it."""
+    say_interrupted(hint)
+    sys.excepthook = report_interrupt
     raise exc
 
 
@@ -199,7 +195,7 @@ def run_or_exit(work: Callable[..., T], *args, **kwargs) -> T:
     and a write the disk refuses become one ``error:`` line and exit status 2, Ctrl-C one
     line and status 130 (:func:`interrupted`). Anything else keeps its traceback."""
     try:
-        return work(*args, **kwargs)
+        return surfacing_interrupts(work, *args, **kwargs)
     except CONFIG_ERRORS as exc:
         fail(config_error_line(exc))
     except (InputError, InstantiationException) as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from replay.errors import InputError
+from replay.errors import InputError, end_worker_quietly_on_ctrl_c
 from replay.storage.outputs import atomic_write_text, drop_partial_last_row, read_summary
 
 log = logging.getLogger(__name__)
@@ -65,17 +65,17 @@ def run_parallel(function: Callable, arguments: Iterable[tuple], workers: int) -
             yield function(*args)
         return
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context,
+                               initializer=end_worker_quietly_on_ctrl_c)
     try:
         futures = [pool.submit(function, *args) for args in arguments]
         for future in as_completed(futures):
             yield future.result()
     except BaseException:
         # Ctrl-C, a failed trial or a consumer that stops early. Leaving by ``with`` would
-        # wait for every queued trial, and a worker outlives its own Ctrl-C (the pool hands
-        # the KeyboardInterrupt back as a result and the worker takes the next trial): a
-        # reproduction interrupted at once went on computing for 20 minutes. Cancel the
-        # queue, so each worker ends after the trial it is running.
+        # wait for every queued trial: a reproduction interrupted at once went on computing
+        # for 20 minutes. Cancel the queue, so each worker ends after the trial it is
+        # running (at once on Ctrl-C: end_worker_quietly_on_ctrl_c).
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
