@@ -4,6 +4,7 @@ distributions, and lognormals fitted to a trace's published median and mean).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -89,14 +90,17 @@ class Synthetic:
 def discretised_lognormal_mean(mu: float, sigma: float, cap: int) -> float:
     """``E[min(ceil(X), cap)]`` for ``X ~ LogNormal(mu, sigma)``, exactly.
 
-    ``ceil(X) >= k`` iff ``X > k - 1``, so the mean is ``sum_{j=0}^{cap-1} P(X > j)``.
+    ``ceil(X) >= k`` iff ``X > k - 1``, so the mean is ``sum_{j=0}^{cap-1} P(X > j)``,
+    with the normal's survival function ``P(Z > z) = erfc(z / sqrt 2) / 2``.
     """
-    # scipy.special.ndtr(-z) is the standard normal's sf, the very function scipy.stats'
-    # norm.sf calls, without importing scipy.stats (about half a second of start-up).
-    from scipy.special import ndtr
+    z = (np.log(np.arange(1, cap)) - mu) / (sigma * math.sqrt(2.0))
+    return 1.0 + 0.5 * float(_ERFC(z).astype(float).sum())
 
-    j = np.arange(1, cap)
-    return 1.0 + float(ndtr(-((np.log(j) - mu) / sigma)).sum())
+
+#: ``math.erfc`` over an array. scipy.special's ``ndtr`` does the same, but importing scipy
+#: costs about half a second of a default run's start-up (issue 44), and a fit needs only
+#: a few thousand values.
+_ERFC = np.frompyfunc(math.erfc, 1, 1)
 
 
 @lru_cache(maxsize=32)
@@ -108,15 +112,25 @@ def fit_lognormal_lengths(median: float, mean: float, cap: int) -> tuple[float, 
     interval ``(median - 1, median]`` that rounds up to ``median``; ``sigma`` is
     then solved so that the exact mean of the rounded, capped lengths is ``mean``
     (for an uncapped continuous lognormal this would be ``sqrt(2 ln(mean/median))``).
+    The mean grows with ``sigma`` over the bracket ``[0.001, 10]``, so the root is found by
+    halving it until the two ends are neighbouring floats (scipy's ``brentq`` would do,
+    at the cost of importing ``scipy.optimize``: see :data:`_ERFC`).
     """
     if not 1 < median < mean < cap:
         raise RequestError(f"lognormal fit needs 1 < median < mean < cap, got median={median}, "
                            f"mean={mean}, cap={cap}")
     mu = float(np.log(median - 0.5))
-    from scipy.optimize import brentq  # deferred: only a fitted workload needs it
-
-    sigma = brentq(lambda s: discretised_lognormal_mean(mu, s, cap) - mean, 1e-3, 10.0)
-    return mu, float(sigma)
+    low, high = 1e-3, 10.0
+    if not discretised_lognormal_mean(mu, low, cap) < mean < discretised_lognormal_mean(
+            mu, high, cap):
+        raise RequestError(f"lognormal fit: no sigma in [{low}, {high}] gives mean={mean} "
+                           f"with median={median}, cap={cap}")
+    while (middle := (low + high) / 2) not in (low, high):
+        if discretised_lognormal_mean(mu, middle, cap) < mean:
+            low = middle
+        else:
+            high = middle
+    return mu, low
 
 
 @dataclass(frozen=True)
