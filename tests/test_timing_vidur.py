@@ -462,3 +462,32 @@ def test_explain_splits_the_typical_iteration_into_parts_that_sum_to_its_price(t
     for batch in random_batches(np.random.default_rng(5), 20):
         assert sum(timing.parts(batch).values()) == pytest.approx(timing.duration(batch),
                                                                   rel=1e-12)
+
+
+def test_vidur_keys_its_trained_models_by_the_profiles_content_not_their_path(tmp_path):
+    """Issue 44: Vidur's model cache key held the profile's path, so moved data or a copied
+    cache retrained every model (about 15 minutes)."""
+    from vidur.execution_time_predictor.sklearn_execution_time_predictor import ModelType
+
+    from replay.timing.vidur_build import PREDICTOR_CONFIGS, OfflineRandomForestPredictor
+    from replay.timing.vidur_spec import ProfileFiles
+
+    def model_hashes(folder, mlp_text):
+        folder.mkdir()
+        (folder / "mlp.csv").write_text(mlp_text)
+        (folder / "all_reduce.csv").write_text("size,time\n1,2\n")
+        files = ProfileFiles(mlp=folder / "mlp.csv", attention=folder / "mlp.csv",
+                             all_reduce=folder / "all_reduce.csv")
+        predictor = object.__new__(OfflineRandomForestPredictor)  # the keys, not a training
+        predictor._local_files = files
+        predictor._config = PREDICTOR_CONFIGS["random_forest"](
+            model_profiling_dataset=f"local:{files.mlp}",
+            network_profiling_dataset=f"local:{files.all_reduce}")
+        predictor._replica_config = type("Replica", (), {"tensor_parallel_size": 2})()
+        predictor._block_size, predictor._max_tokens, predictor._is_multi_node = 16, 4096, False
+        return (predictor._get_hash(ModelType.COMPUTE), predictor._get_hash(ModelType.NETWORK))
+
+    here = model_hashes(tmp_path / "here", "a,b\n1,2\n")
+    assert model_hashes(tmp_path / "moved", "a,b\n1,2\n") == here
+    changed = model_hashes(tmp_path / "changed", "a,b\n1,3\n")
+    assert changed[0] != here[0] and changed[1] == here[1]

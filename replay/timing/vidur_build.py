@@ -39,6 +39,7 @@ from vidur.execution_time_predictor.sklearn_execution_time_predictor import (
     SklearnExecutionTimePredictor,
 )
 
+from replay.storage.data import file_record
 from replay.timing.vidur_spec import PredictorSpec, ProfileFiles, check_profile
 
 PREDICTOR_CONFIGS = {"random_forest": RandomForrestExecutionTimePredictorConfig,
@@ -58,6 +59,23 @@ class _LocalProfiles:
 
     def _load_predictions_from_hf(self):
         raise _OfflineBuild
+
+    # Vidur keys its trained models by a hash of these configs, whose "profiling_datasource"
+    # is the profile's path: a cache folder copied to another machine, or data moved to
+    # another folder, retrained every model (about 15 minutes). The file's content stands in
+    # for its path.
+    def _get_compute_model_config(self) -> dict:
+        return {**super()._get_compute_model_config(),
+                "profiling_datasource": _by_content(self._local_files.mlp)}
+
+    def _get_network_model_config(self) -> dict:
+        return {**super()._get_network_model_config(),
+                "profiling_datasource": _by_content(self._local_files.all_reduce)}
+
+
+def _by_content(path: Path | None) -> str:
+    """A profile file named by its content (``sha256:...``), or ``none``."""
+    return f"sha256:{file_record(path)['sha256']}" if path is not None else "none"
 
 
 class _OfflineBuild(Exception):
