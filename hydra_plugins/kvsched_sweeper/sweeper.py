@@ -7,11 +7,16 @@ composing configs before the first job started. Whether a job's config composes 
 on which config of each group it chooses (a group's config decides which keys exist) and
 on each value it gives a key, not on which other values the job combines them with. So
 one job per distinct choice of groups, plus a job for each override not yet seen, checks
-every config the sweep selects and every value it sets, as early as before.
+every config the sweep selects and every value it sets, as early as before. Each distinct
+choice of groups is composed once (0.1 s); a job's values are then applied to a copy of
+that config exactly as Hydra applies them when it composes the job (a hundredth of a
+second), so a sweep of a thousand seeds no longer spends a minute and a half checking
+before its first job.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,6 +71,8 @@ class KvschedSweeper(Sweeper):
         return self.basic.sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
         loader = self.hydra_context.config_loader
         parser = OverridesParser.create(config_loader=loader)
         groups: dict[str, str | None] = {}
@@ -76,4 +83,11 @@ class KvschedSweeper(Sweeper):
                 groups[override] = key if loader.get_group_options(key) else None
             return groups[override]
 
-        super().validate_batch_is_legal(representatives(batch, group_of))
+        composed: dict[tuple[str, ...], Any] = {}   # choice of groups -> its config
+        for job in representatives(batch, group_of):
+            choices = tuple(o for o in job if group_of(o) is not None)
+            if choices not in composed:
+                composed[choices] = loader.load_sweep_config(self.config, list(choices))
+            values = [o for o in job if group_of(o) is None]
+            ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(values),
+                                                        copy.deepcopy(composed[choices]))
