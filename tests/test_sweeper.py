@@ -80,6 +80,15 @@ def test_a_sweep_runs_every_job(tmp_path):
     assert "mean ± 95 % interval over seeds" in proc.stderr  # three seeds per policy
 
 
+@pytest.mark.slow
+def test_jobs_that_add_a_key_each_pass_the_early_check(tmp_path):
+    # The early check sets each job's values on one config per choice of groups; a job that
+    # adds a key gets a copy, or the next job's "+key" would find it there already.
+    proc = run_cli("-m", *SMALL, "+note=a,b", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(tmp_path.glob("*/summary.json"))) == 2
+
+
 def test_the_default_sweeper_config_composes_to_kvscheds_sweeper():
     # configs/hydra/ holds option folders only, so the per-file test of every config
     # (tests/test_configs.py) does not reach it.

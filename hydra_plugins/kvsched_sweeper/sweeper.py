@@ -75,19 +75,23 @@ class KvschedSweeper(Sweeper):
 
         loader = self.hydra_context.config_loader
         parser = OverridesParser.create(config_loader=loader)
-        groups: dict[str, str | None] = {}
+        is_group: dict[str, bool] = {}   # by key: each lookup of a group scans the configs
 
         def group_of(override: str) -> str | None:
-            if override not in groups:
-                key = parser.parse_override(override).key_or_group
-                groups[override] = key if loader.get_group_options(key) else None
-            return groups[override]
+            key = parser.parse_override(override).key_or_group
+            if key not in is_group:
+                is_group[key] = bool(loader.get_group_options(key))
+            return key if is_group[key] else None
 
         composed: dict[tuple[str, ...], Any] = {}   # choice of groups -> its config
         for job in representatives(batch, group_of):
             choices = tuple(o for o in job if group_of(o) is not None)
             if choices not in composed:
                 composed[choices] = loader.load_sweep_config(self.config, list(choices))
-            values = [o for o in job if group_of(o) is None]
-            ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(values),
-                                                        copy.deepcopy(composed[choices]))
+            values = parser.parse_overrides([o for o in job if group_of(o) is None])
+            config = composed[choices]
+            # Setting a value leaves the keys and their types as they were, so the next job
+            # may set its own on the same config; adding or deleting a key would not.
+            if any(o.is_add() or o.is_force_add() or o.is_delete() for o in values):
+                config = copy.deepcopy(config)
+            ConfigLoaderImpl._apply_overrides_to_config(values, config)
