@@ -90,8 +90,12 @@ def test_killed_study_resumes_to_the_same_trials(reference, tmp_path, kill):
     pd.testing.assert_frame_equal(ours.reset_index(drop=True), theirs.reset_index(drop=True))
 
 
+#: SWEEP with jobs long enough to be interrupted while they run (after every worker started)
+LONG_SWEEP = [arg if not arg.startswith("workload.n=") else "workload.n=50000" for arg in SWEEP]
+
+
 @pytest.mark.parametrize("args", [["workload.n=2000000", "arrivals.rate=50",
-                                   "engine.fast_forward=false"], SWEEP])
+                                   "engine.fast_forward=false"], LONG_SWEEP])
 def test_ctrl_c_is_one_line_and_an_interrupted_exit(tmp_path, args):
     """Issue 45 item 9: Ctrl-C printed Python's traceback (30-40 lines)."""
     where = (f"hydra.sweep.dir={tmp_path / 'sweep'}" if "-m" in args
@@ -99,9 +103,13 @@ def test_ctrl_c_is_one_line_and_an_interrupted_exit(tmp_path, args):
     proc = subprocess.Popen([sys.executable, "-m", "replay", *args, where], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    # Until a job runs in every worker: a worker process still starting Python (importing
+    # joblib, before any kvsched code) prints Python's own traceback on Ctrl-C, which no
+    # handler of ours can reach (docs/sweeps.md says so).
+    started = 2 if "-m" in args else 1   # configs/hydra/launcher/local.yaml: n_jobs 2
     deadline = time.monotonic() + 120
-    while not list(tmp_path.rglob(".hydra")) and time.monotonic() < deadline:
-        time.sleep(0.2)   # until Hydra has started a job
+    while len(list(tmp_path.rglob(".hydra"))) < started and time.monotonic() < deadline:
+        time.sleep(0.2)
     time.sleep(1.0)
     assert proc.poll() is None, "finished before the interrupt: give it more work"
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
