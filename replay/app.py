@@ -140,7 +140,7 @@ def _log_to_file(message: str, exc: BaseException | None = None) -> None:
 def _replay(cfg: DictConfig, out_dir: Path) -> dict:
     """One job of ``replay_job``: its summary, or its rejected input as one line."""
     try:
-        validate_config(cfg)
+        resolved = validate_config(cfg)
         # Imported here, not at the top: the engine (numba, pandas, scipy) is most of the
         # start-up, and `--help`, a config error or a sweep's parent process needs none of it.
         from replay.run import run
@@ -148,7 +148,7 @@ def _replay(cfg: DictConfig, out_dir: Path) -> dict:
         if cfg.get("study") is not None:
             summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
         else:
-            summary = run(cfg, out_dir)
+            summary = run(cfg, out_dir, resolved)
     except (InputError, InstantiationException) as exc:
         # Bad input, not a bug: the message names the file, row and field (and, when a
         # component rejects its config, the config key); no traceback.
