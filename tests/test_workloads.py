@@ -291,6 +291,9 @@ def test_lmsys_synthetic_samples_close_to_the_published_numbers():
 def test_lognormal_fit_rejects_impossible_targets():
     with pytest.raises(RequestError, match="1 < median < mean < cap"):
         fit_lognormal_lengths(50, 40, 2048)
+    # a mean no sigma reaches: even sigma = 10 leaves the capped mean near 549
+    with pytest.raises(RequestError, match=r"no sigma in \[0.001, 10.0\] gives mean=1500"):
+        fit_lognormal_lengths(2, 1500, 2048)
 
 
 # --- Mixed ---------------------------------------------------------------------------------

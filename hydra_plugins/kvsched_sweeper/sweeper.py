@@ -75,13 +75,16 @@ class KvschedSweeper(Sweeper):
 
         loader = self.hydra_context.config_loader
         parser = OverridesParser.create(config_loader=loader)
+        groups: dict[str, str | None] = {}   # override -> the group it chooses from, if any
         is_group: dict[str, bool] = {}   # by key: each lookup of a group scans the configs
 
         def group_of(override: str) -> str | None:
-            key = parser.parse_override(override).key_or_group
-            if key not in is_group:
-                is_group[key] = bool(loader.get_group_options(key))
-            return key if is_group[key] else None
+            if override not in groups:
+                key = parser.parse_override(override).key_or_group
+                if key not in is_group:
+                    is_group[key] = bool(loader.get_group_options(key))
+                groups[override] = key if is_group[key] else None
+            return groups[override]
 
         composed: dict[tuple[str, ...], Any] = {}   # choice of groups -> its config
         for job in representatives(batch, group_of):
