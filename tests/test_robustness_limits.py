@@ -137,6 +137,7 @@ def solve_in_worker_process(inst: Instance) -> lp.LPBound:
     return lp.lp_bound(inst, tail_cuts=False, grid=3)
 
 
+@pytest.mark.slow
 def test_the_lp_worker_runs_inside_a_multirun_job():
     # Multirun jobs run in joblib's loky workers; a multiprocessing child spawned there
     # died at start and the job hung for ever (C2 and D1's Sorted-LP jobs).

@@ -137,6 +137,7 @@ def test_an_unwritable_run_folder_is_one_line_before_hydra_writes(tmp_path, run_
     assert afile.read_text() == "x"
 
 
+@pytest.mark.slow
 def test_results_collect_out_under_a_file_is_one_line(tmp_path):
     trace, out = finished_run(tmp_path)
     afile = tmp_path / "afile"
