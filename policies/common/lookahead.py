@@ -101,36 +101,48 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
                      order_key, hint, iteration, cached, use_cached):
     """How many of ``candidates[:n_cand]``, walked in order, can start now beside
     ``running[:n_run]``: the longest prefix that passes the lookahead check (written to
-    ``start``). Feasibility is monotone in the prefix (adding a request never lowers the KV
-    at any checkpoint), so the answer is found by galloping then bisection.
-
-    ``check_held``: first test the KV held now (``kv_held``), a lower bound of the running
-    set's KV at the first checkpoint (each holds at most ``s + generated`` slots and grows by
-    one): when the first candidate cannot join even that, no prefix can. ``hint[0]`` is an
-    absolute iteration where the first candidate's check last failed (token-exact, speed
-    only): a decoding request's KV at a fixed future iteration does not move, so the KV
-    there, a lower bound of the peak, usually still rules the candidate out.
+    ``start``): :func:`first_candidate_fits`, then :func:`admissible_after_first`.
 
     ``use_cached``: candidate ``k``'s first ``cached[k]`` prompt tokens are in the prefix
     cache, shared: its footprint counts only the rest (a reduced footprint; see the module
     docstring)."""
     if n_cand == 0:
         return 0
-    first_new = prefill_len[candidates[0]] - (cached[0] if use_cached else 0)
-    if check_held and kv_held + n_run + first_new + 1 > kv_capacity:
+    first = first_candidate_fits(
+        candidates, prefill_len[candidates[0]] - (cached[0] if use_cached else 0), kv_capacity,
+        block, kv_held, check_held, prompt_len, generated, estimate, running, n_run, base,
+        remaining, order_key, hint, iteration)
+    if first < 0:
         return 0
+    return admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefill_len,
+                                  generated, estimate, n_run, start, base, remaining,
+                                  order_key, cached, use_cached)
+
+
+@jit
+def first_candidate_fits(candidates, first_new, kv_capacity, block, kv_held, check_held,
+                         prompt_len, generated, estimate, running, n_run, base, remaining,
+                         order_key, hint, iteration):
+    """Whether ``candidates[0]``, whose footprint is ``first_new`` slots, can start beside
+    ``running[:n_run]``: the running set's KV at the first checkpoint if so (profiles of the
+    running set and the candidate written to ``base``, ``remaining``), else -1.
+
+    ``check_held``: first test the KV held now (``kv_held``), a lower bound of the running
+    set's KV at the first checkpoint (each holds at most ``s + generated`` slots and grows by
+    one): when the first candidate cannot join even that, no prefix can. ``hint[0]`` is an
+    absolute iteration where the first candidate's check last failed (token-exact, speed
+    only): a decoding request's KV at a fixed future iteration does not move, so the KV
+    there, a lower bound of the peak, usually still rules the candidate out."""
+    if check_held and kv_held + n_run + first_new + 1 > kv_capacity:
+        return -1
     first = profile_into(running, n_run, prompt_len, generated, estimate, base, remaining)
     first += n_run
     budget = kv_capacity
-    # A candidate holds at least two slots after its first iteration (a prompt token and the
-    # token it emits), so at most (budget - first) // 2 can start.
-    limit = min(n_cand, max(0, (budget - first) // 2) + 1)
-    rid = candidates[0]
     base[n_run] = first_new
-    remaining[n_run] = iterations_left(estimate, generated, rid)
+    remaining[n_run] = iterations_left(estimate, generated, candidates[0])
     if block > 1 or n_run == 0:
         if compiled_peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
-            return 0
+            return -1
     else:
         checkpoint = hint[0] - iteration
         if checkpoint > 1:  # checkpoint 1 is what the held-KV test rules out
@@ -141,13 +153,29 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
             if checkpoint <= remaining[n_run]:
                 excess += base[n_run] + checkpoint
             if excess > 0:
-                return 0
+                return -1
         peak, at = _peak_and_checkpoint(base, remaining, n_run + 1, order_key)
         if peak > budget:
             hint[0] = iteration + at
-            return 0
-    # The first one fits; a necessary condition at the first checkpoint bounds the prefix
-    # (only the candidates within it are needed).
+            return -1
+    return first
+
+
+@jit
+def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefill_len,
+                           generated, estimate, n_run, start, base, remaining, order_key,
+                           cached, use_cached):
+    """The longest prefix of ``candidates[:n_cand]`` that passes the lookahead check, once
+    :func:`first_candidate_fits` has passed the first (``first``: the running set's KV at
+    the first checkpoint; ``base``, ``remaining`` as it left them). Feasibility is monotone
+    in the prefix (adding a request never lowers the KV at any checkpoint), so the answer is
+    found by galloping then bisection. A necessary condition at the first checkpoint bounds
+    the prefix: each candidate holds at least its footprint and one token after its first
+    iteration, and the walk reads ``cached`` only up to the first candidate past it."""
+    budget = kv_capacity
+    # A candidate holds at least two slots after its first iteration (a prompt token and the
+    # token it emits), so at most (budget - first) // 2 can start.
+    limit = min(n_cand, max(0, (budget - first) // 2) + 1)
     upper = 0
     total = 0
     for k in range(limit):
@@ -177,30 +205,50 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
 
 
 @jit
+def _tokens_found_cached(s, rid):
+    """Prompt tokens of waiting ``rid`` found in the prefix cache that its admission would
+    not take from the free memory: hits on free entries are memory the batch takes."""
+    hits = cached_blocks(s, rid)
+    if hits:
+        hits -= free_among_hits(s, rid, hits)
+    return hits * s.block
+
+
+@jit
 def start_admissible(s, rule, candidates, n_cand):
     """The decision of a policy that walks ``candidates[:n_cand]`` and starts what the
     lookahead admits (``rule.ints[0]`` keeps its hint). With nothing to start because
     nothing waits or the first candidate cannot join the KV held now, that stays so until
-    a request arrives or completes: the decision promises it (``steady``)."""
+    a request arrives or completes: the decision promises it (``steady``).
+
+    With the prefix cache the cache is searched only for the candidates the check reaches:
+    the first, and when it fits, those the walk of :func:`admissible_after_first` reads."""
     cached = s.scratch4
-    if s.cache_on:  # the prompt tokens each candidate the check can reach finds held already
-        # admissible_count stops at the first candidate whose footprint (plus one slot each)
-        # passes what the running set leaves at its first checkpoint, at most this room
-        room = s.capacity - s.kv_held - s.n_run
-        total = 0
-        for k in range(n_cand):
-            hits = cached_blocks(s, candidates[k])
-            if hits:  # a hit on a free entry is memory the batch takes
-                hits -= free_among_hits(s, candidates[k], hits)
-            cached[k] = hits * s.block
-            total += s.prefill_len[candidates[k]] - cached[k] + 1
-            if total > room:
-                break
-    s.n_start = admissible_count(
-        candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
-        s.prefill_len,
-        s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch, s.scratch2,
-        s.scratch3, rule.ints[0:1], s.iteration, cached, s.cache_on)
+    if not s.cache_on:
+        s.n_start = admissible_count(
+            candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
+            s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
+            s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, cached, False)
+    elif n_cand == 0:
+        s.n_start = 0
+    else:
+        cached[0] = _tokens_found_cached(s, candidates[0])
+        first = first_candidate_fits(
+            candidates, s.prefill_len[candidates[0]] - cached[0], s.capacity, s.block,
+            s.kv_held, np.bool_(True), s.prompt_len, s.generated, s.estimate, s.running,
+            s.n_run, s.scratch, s.scratch2, s.scratch3, rule.ints[0:1], s.iteration)
+        s.n_start = 0
+        if first >= 0:
+            total = 0
+            for k in range(n_cand):
+                if k:
+                    cached[k] = _tokens_found_cached(s, candidates[k])
+                total += s.prefill_len[candidates[k]] - cached[k] + 1
+                if total > s.capacity - first:
+                    break
+            s.n_start = admissible_after_first(
+                candidates, n_cand, s.capacity, s.block, first, s.prefill_len, s.generated,
+                s.estimate, s.n_run, s.start, s.scratch, s.scratch2, s.scratch3, cached, True)
     # The promise rests on the held-KV test, which only grows harder: the KV held grows and
     # the first candidate's cached prefix can only shrink (a reclaim) until the next event.
     if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + s.prefill_len[candidates[0]]
