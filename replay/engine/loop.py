@@ -281,9 +281,10 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
     of ``M``). A session turn's answer blocks carry the hashes of the next turn's prompt at
     those positions: the next prompt starts with that answer. Empty arrays with the cache
     off."""
-    names = ("hashes", "hash_start", "hash_count", "w_hash_start", "w_hash_count", "n_ref",
-             "hit_blocks", "cached_tokens", "cache_table", "entry_hash", "entry_ref",
-             "entry_prev", "entry_next", "entry_seq", "entry_stack", "entry_pin")
+    names = ("hashes", "ref_entry", "hash_start", "hash_count", "w_hash_start",
+             "w_hash_count", "n_ref", "hit_blocks", "cached_tokens", "cache_table",
+             "entry_hash", "entry_ref", "entry_prev", "entry_next", "entry_seq", "entry_stack",
+             "entry_pin")
     if kv.prefix_cache == "none":
         return {name: np.zeros(0, dtype=np.int64) for name in names}
     block, n = kv.block_size, len(requests)
@@ -304,6 +305,7 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
                                                                "cached_tokens")}
     arrays.update(
         hashes=np.concatenate(lists) if n else np.zeros(0, np.int64),
+        ref_entry=np.full(int(counts.sum()), -1, dtype=np.int64),
         w_hash_start=starts, w_hash_count=counts,
         hash_start=starts[order] if order is not None else np.zeros(n, np.int64),
         hash_count=counts[order] if order is not None else np.zeros(n, np.int64),

@@ -53,12 +53,6 @@ def find_in(table, entry_hash, key):
 
 
 @jit
-def find(s, key):
-    """The entry holding ``key``, or -1."""
-    return find_in(s.cache_table, s.entry_hash, key)
-
-
-@jit
 def count_cached(hashes, start, count, limit, table, entry_hash):
     """How many of ``hashes[start:start + count]``, from the first and at most ``limit``,
     are cached in ``table``."""
@@ -124,15 +118,19 @@ def lookup_hits(s, rid):
 @jit
 def acquire(s, rid, hits):
     """``rid`` starts with its first ``hits`` blocks taken from the cache."""
-    start = s.hash_start[rid]
+    start, hashes, ref_entry = s.hash_start[rid], s.hashes, s.ref_entry
+    table, entry_hash = s.cache_table, s.entry_hash
     for k in range(hits):
-        _reference(s, find(s, s.hashes[start + k]))
+        entry = find_in(table, entry_hash, hashes[start + k])
+        _reference(s, entry)
+        ref_entry[start + k] = entry
     s.n_ref[rid] = hits
     s.shared_refs += hits
 
 
 @jit
 def _new_entry(s, key):
+    """A new entry holding ``key``, referenced once; returns its id."""
     entry = s.entry_stack[s.n_entry_stack - 1]
     s.n_entry_stack -= 1
     s.entry_hash[entry] = key
@@ -145,6 +143,7 @@ def _new_entry(s, key):
         slot = (slot + 1) & mask
     table[slot] = entry
     s.cache_entries += 1
+    return entry
 
 
 @jit
@@ -162,14 +161,16 @@ def insert_blocks(s, rid, full):
     have = s.n_ref[rid]
     if full <= have:
         return
-    start = s.hash_start[rid]
+    start, hashes, ref_entry = s.hash_start[rid], s.hashes, s.ref_entry
+    table, entry_hash = s.cache_table, s.entry_hash
     for k in range(have, full):
-        key = s.hashes[start + k]
-        entry = find(s, key)
+        key = hashes[start + k]
+        entry = find_in(table, entry_hash, key)
         if entry == EMPTY:
-            _new_entry(s, key)
+            entry = _new_entry(s, key)
         else:
             _reference(s, entry)
+        ref_entry[start + k] = entry
     s.n_ref[rid] = full
     s.shared_refs += full - have
 
@@ -180,11 +181,11 @@ def release(s, rid):
     one references any more stay cached, free. Its last block is released first, as vLLM
     frees a request's blocks in reverse: a reclaim takes a prefix's tail before its head,
     whose loss would strand every block after it."""
-    start = s.hash_start[rid]
+    start, ref_entry, entry_ref = s.hash_start[rid], s.ref_entry, s.entry_ref
     for k in range(s.n_ref[rid] - 1, -1, -1):
-        entry = find(s, s.hashes[start + k])
-        s.entry_ref[entry] -= 1
-        if s.entry_ref[entry] == 0:
+        entry = ref_entry[start + k]
+        entry_ref[entry] -= 1
+        if entry_ref[entry] == 0:
             _link_free(s, entry)
     s.shared_refs -= s.n_ref[rid]
     s.n_ref[rid] = 0
@@ -224,11 +225,12 @@ def new_pins(s):
 def pin_hits(s, rid, hits):
     """``rid`` starts this step with its first ``hits`` blocks from the cache: no reclaim of
     this step may take them (it takes its references only once the step executes)."""
-    start, stamp = s.hash_start[rid], s.pin_stamp
+    start, stamp, hashes, entry_pin = s.hash_start[rid], s.pin_stamp, s.hashes, s.entry_pin
+    table, entry_hash = s.cache_table, s.entry_hash
     for k in range(hits):
-        entry = find(s, s.hashes[start + k])
-        if s.entry_pin[entry] != stamp:
-            s.entry_pin[entry] = stamp
+        entry = find_in(table, entry_hash, hashes[start + k])
+        if entry_pin[entry] != stamp:
+            entry_pin[entry] = stamp
             if s.entry_ref[entry] == 0:
                 s.pinned_free += 1
 
@@ -275,9 +277,10 @@ def free_among_hits(s, rid, hits):
     them out of the blocks a policy may allocate (as vLLM counts a hit on a block in its free
     queue as a block allocated). Counted per request: two admissions of one decision that
     find the same free entry count it twice, a block more than vLLM would."""
-    start, n = s.hash_start[rid], 0
+    start, n, hashes, entry_ref = s.hash_start[rid], 0, s.hashes, s.entry_ref
+    table, entry_hash = s.cache_table, s.entry_hash
     for k in range(hits):
-        if s.entry_ref[find(s, s.hashes[start + k])] == 0:
+        if entry_ref[find_in(table, entry_hash, hashes[start + k])] == 0:
             n += 1
     return n
 
@@ -288,9 +291,13 @@ def blocks_freed_by(s, rid):
     own, and the entries no other request references (they stay cached, free). An entry two
     victims of one decision share counts for neither (the count does not follow the
     decision's earlier victims): at most a few blocks fewer than vLLM would count."""
-    start = s.hash_start[rid]
-    n = blocks(s.held[rid], s.block) - s.n_ref[rid]
-    for k in range(s.n_ref[rid]):
-        if s.entry_ref[find(s, s.hashes[start + k])] == 1:
+    n = blocks(s.held[rid], s.block)
+    if s.cache_entries - s.cache_free == s.shared_refs:
+        return n  # each referenced entry has one reference: all of them are rid's alone
+    start, n_ref = s.hash_start[rid], s.n_ref[rid]
+    ref_entry, entry_ref = s.ref_entry, s.entry_ref
+    n -= n_ref
+    for k in range(start, start + n_ref):
+        if entry_ref[ref_entry[k]] == 1:
             n += 1
     return n

@@ -104,8 +104,11 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     # per request its full blocks' chain hashes (hashes[hash_start:+hash_count]), how many
     # leading blocks it references, the hits found for this step's admissions and the
     # tokens its last admission took from the cache; the hash table of entries, each
-    # entry's hash, references, free-list links and insertion number; the free entry ids
-    ("cache_on", int), ("cache_rule", int), ("hashes", I8), ("hash_start", I8),
+    # entry's hash, references, free-list links and insertion number; the free entry ids;
+    # beside each hash, the entry a request's reference to that block holds (valid below
+    # its n_ref: a referenced entry is never reclaimed, so the id stays right)
+    ("cache_on", int), ("cache_rule", int), ("hashes", I8), ("ref_entry", I8),
+    ("hash_start", I8),
     ("hash_count", I8), ("n_ref", I8), ("hit_blocks", I8), ("cached_tokens", I8),
     ("cache_table", I8), ("entry_hash", I8), ("entry_ref", I8), ("entry_prev", I8),
     ("entry_next", I8), ("entry_seq", I8), ("entry_stack", I8), ("n_entry_stack", int),
