@@ -119,7 +119,7 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
                                   order_key, cached, use_cached)
 
 
-@jit
+@jit(inline="always")
 def first_candidate_fits(candidates, first_new, kv_capacity, block, kv_held, check_held,
                          prompt_len, generated, estimate, running, n_run, base, remaining,
                          order_key, hint, iteration):
@@ -161,7 +161,7 @@ def first_candidate_fits(candidates, first_new, kv_capacity, block, kv_held, che
     return first
 
 
-@jit
+@jit(inline="always")
 def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefill_len,
                            generated, estimate, n_run, start, base, remaining, order_key,
                            cached, use_cached):

@@ -621,7 +621,6 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
     prefill_len, prefilled, generated, held = s.prefill_len, s.prefilled, s.generated, s.held
     last_token_time, max_token_gap = s.last_token_time, s.max_token_gap
     gaps, finished = s.float_scratch, s.scratch
-    cache_on, block, n_ref, hash_count = s.cache_on, s.block, s.n_ref, s.hash_count
     n_gaps = np.int64(0)
     n_finished = np.int64(0)
     emitters = 0
@@ -637,8 +636,6 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
             if emits:
                 generated[rid] += 1
             held[rid] += gain[i]
-        if cache_on and n_ref[rid] < hash_count[rid] and held[rid] // block > n_ref[rid]:
-            insert_full_blocks(s, rid)  # its newly full blocks of known content are cached
         if not emits:
             continue
         emitters += 1
@@ -657,6 +654,8 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
     s.kv_held += gain_total
     if s.block > 1:
         s.blocks_held += new_blocks
+    if s.cache_on:
+        _cache_full_blocks(s)
     add_gaps(s, gaps, n_gaps)
     if n_finished:
         complete(s, finished, n_finished, end)
@@ -667,6 +666,17 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
     s.now = end
     s.iteration += 1
     return n_finished, emitters
+
+
+@jit
+def _cache_full_blocks(s):
+    """The members' newly full blocks of known content join the prefix cache (a pass of its
+    own, so that the step's member loop is the same with the cache off)."""
+    n_ref, hash_count, held, block, members = s.n_ref, s.hash_count, s.held, s.block, s.members
+    for i in range(s.m):
+        rid = members[i]
+        if n_ref[rid] < hash_count[rid] and held[rid] // block > n_ref[rid]:
+            insert_full_blocks(s, rid)
 
 
 # ------------------------------------------------------------------ the steady stretch
