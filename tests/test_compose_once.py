@@ -27,7 +27,11 @@ def test_every_job_gets_the_config_hydra_composes():
     compose_once(once)
     assert type(once) is ComposeOnceLoader
     jobs = [["policy=mcsf", "seed=1"], ["policy=mcsf", "seed=2", "arrivals.rate=3"],
-            ["policy=fcfs", "seed=1"], ["policy=mcsf", "seed=3"]]
+            ["policy=fcfs", "seed=1"], ["policy=mcsf", "seed=3"],
+            ["policy=vllm", "kv=gqa_formula", "model=llama2_70b", "hardware=a100x2"],
+            ["policy=fcfs", "seed=1", "+engine.extra_key=1"],
+            ["policy=fcfs", "seed=1"], ["workload=shared_prefix", "kv.prefix_cache=block_hash"],
+            ["policy=vllm", "kv=gqa_formula", "model=llama2_70b", "hardware=a100x2", "seed=5"]]
     for job in jobs:
         assert _composed(once, job) == _composed(plain, job), job
 
@@ -39,3 +43,20 @@ def test_a_job_that_changes_its_config_leaves_the_next_unchanged():
     first.kv.tokens = -1
     second = once.load_configuration("config", ["seed=2"], RunMode.MULTIRUN)
     assert second.kv.tokens != -1 and second.seed == 2
+
+
+def test_a_process_reads_each_config_file_once(monkeypatch):
+    from hydra._internal.config_repository import ConfigRepository
+
+    once = _loader()
+    compose_once(once)
+    once.load_configuration("config", ["policy=mcsf", "seed=1"], RunMode.MULTIRUN)
+    reads = []
+    plain_read = ConfigRepository.load_config
+    monkeypatch.setattr(ConfigRepository, "load_config",
+                        lambda self, config_path: reads.append(config_path)
+                        or plain_read(self, config_path))
+    once.load_configuration("config", ["policy=mcsf", "seed=2"], RunMode.MULTIRUN)
+    assert reads == []
+    once.load_configuration("config", ["policy=fcfs", "seed=2"], RunMode.MULTIRUN)
+    assert reads == ["policy/fcfs"]

@@ -1,15 +1,21 @@
 """Compose each distinct choice of config files once per process, for sweeps.
 
 Hydra composes every job of a multirun from scratch, in the launching process (the
-sweeper's early check) and again where the job runs: it builds the defaults list (which
-file of each group), loads and merges those files, then applies the job's values
-(``key=value``) to the result. Jobs of one sweep mostly differ in values only (seeds,
-rates) over a few choices of files, and merging the same files gives the same config. The
-loader here keeps the merged config of each distinct list of files (and config sources)
-and hands every later job a deep copy, which costs a fraction of the merge; the defaults
-list, the values, Hydra's own node, the errors and everything written to a job's folder are
-Hydra's, unchanged. The cache is per process (each sweep worker fills its own) and holds
-the configs of at most :data:`MAX_COMPOSITIONS` choices.
+sweeper's early check) and again where the job runs: it reads and parses every config file
+the job's defaults list names, builds that list (which file of each group), merges those
+files, then applies the job's values (``key=value``) to the result. Jobs of one sweep
+mostly differ in values only (seeds, rates) over a few choices of files, and merging the
+same files gives the same config. The loader here
+
+* reads and parses each config file once per process (Hydra's own per-composition file
+  cache, kept for the loader's life instead of one composition's: a file the defaults list
+  names is parsed once, not once per job), and
+* keeps the merged config of each distinct list of files (and config sources) and hands
+  every later job a deep copy, which costs a fraction of the merge.
+
+The defaults list, the values, Hydra's own node, the errors and everything written to a
+job's folder are Hydra's, unchanged. The caches are per process (each sweep worker fills
+its own); the merged configs of at most :data:`MAX_COMPOSITIONS` choices are kept.
 
 The config files are taken not to change while a sweep runs (as Hydra itself assumes: it
 composes every job's config before the first runs).
@@ -18,18 +24,35 @@ composes every job's config before the first runs).
 from __future__ import annotations
 
 import copy
+import weakref
 from collections import OrderedDict
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_repository import CachingConfigRepository
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 #: Distinct choices of config files kept per process (a merged config is a few hundred KB).
 MAX_COMPOSITIONS = 64
 
 _composed: OrderedDict = OrderedDict()
+#: Per loader's repository: each (primary config, search path) its config files loaded once.
+_repositories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ComposeOnceLoader(ConfigLoaderImpl):
-    """Hydra's config loader, merging each distinct defaults list once per process."""
+    """Hydra's config loader, reading each config file and merging each distinct defaults
+    list once per process."""
+
+    def _parse_overrides_and_create_caching_repo(self, config_name, overrides):
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+        searchpath = tuple(o.input_line for o in parsed
+                           if o.get_key_element() == "hydra.searchpath")
+        loaded = _repositories.setdefault(self.repository, {})
+        if (config_name, searchpath) not in loaded:
+            repo = CachingConfigRepository(self.repository)
+            self._process_config_searchpath(config_name, parsed, repo)
+            loaded[config_name, searchpath] = repo
+        return parsed, loaded[config_name, searchpath]
 
     def _compose_config_from_defaults_list(self, defaults, repo):
         key = (tuple((d.config_path, d.parent, d.package, d.is_self, d.primary)
