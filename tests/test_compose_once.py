@@ -3,12 +3,15 @@ exactly the one Hydra composes from scratch (replay.config.compose_once)."""
 
 from __future__ import annotations
 
+import pickle
+
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from replay.config import CONFIG_DIR, register_resolvers
+from replay.config import compose_once as compose_once_module
 from replay.config.compose_once import ComposeOnceLoader, compose_once
 
 
@@ -48,6 +51,7 @@ def test_a_job_that_changes_its_config_leaves_the_next_unchanged():
 def test_a_process_reads_each_config_file_once(monkeypatch):
     from hydra._internal.config_repository import ConfigRepository
 
+    monkeypatch.setattr(compose_once_module, "_repositories", {})  # a fresh process
     once = _loader()
     compose_once(once)
     once.load_configuration("config", ["policy=mcsf", "seed=1"], RunMode.MULTIRUN)
@@ -57,6 +61,10 @@ def test_a_process_reads_each_config_file_once(monkeypatch):
                         lambda self, config_path: reads.append(config_path)
                         or plain_read(self, config_path))
     once.load_configuration("config", ["policy=mcsf", "seed=2"], RunMode.MULTIRUN)
+    assert reads == []
+    # as a sweep worker receives it with each job: a copy
+    pickle.loads(pickle.dumps(once)).load_configuration("config", ["policy=mcsf", "seed=3"],
+                                                         RunMode.MULTIRUN)
     assert reads == []
     once.load_configuration("config", ["policy=fcfs", "seed=2"], RunMode.MULTIRUN)
     assert reads == ["policy/fcfs"]

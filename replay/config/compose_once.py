@@ -24,7 +24,6 @@ composes every job's config before the first runs).
 from __future__ import annotations
 
 import copy
-import weakref
 from collections import OrderedDict
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -35,8 +34,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 MAX_COMPOSITIONS = 64
 
 _composed: OrderedDict = OrderedDict()
-#: Per loader's repository: each (primary config, search path) its config files loaded once.
-_repositories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Per config sources, primary config and search path override: its config files, each
+#: loaded once. Keyed by content, not by loader: a sweep worker receives a new copy of the
+#: loader with every job.
+_repositories: dict = {}
 
 
 class ComposeOnceLoader(ConfigLoaderImpl):
@@ -47,12 +48,13 @@ class ComposeOnceLoader(ConfigLoaderImpl):
         parsed = OverridesParser.create().parse_overrides(overrides=overrides)
         searchpath = tuple(o.input_line for o in parsed
                            if o.get_key_element() == "hydra.searchpath")
-        loaded = _repositories.setdefault(self.repository, {})
-        if (config_name, searchpath) not in loaded:
+        key = (tuple((type(s).__name__, s.provider, s.path)
+                     for s in self.repository.get_sources()), config_name, searchpath)
+        if key not in _repositories:
             repo = CachingConfigRepository(self.repository)
             self._process_config_searchpath(config_name, parsed, repo)
-            loaded[config_name, searchpath] = repo
-        return parsed, loaded[config_name, searchpath]
+            _repositories[key] = repo
+        return parsed, _repositories[key]
 
     def _compose_config_from_defaults_list(self, defaults, repo):
         key = (tuple((d.config_path, d.parent, d.package, d.is_self, d.primary)
