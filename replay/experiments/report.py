@@ -291,6 +291,7 @@ def _overview(views: list[TargetView], crosscheck: dict | None) -> dict:
     if crosscheck is not None and not crosscheck["ran"]:
         never.append("d3")
     return {"ran": ran, "never_run": never,
+            "never_run_targets": [v.name for v in views if not v.ran],
             "total_minutes": sum(v.seconds or 0 for v in ran) / 60}
 
 
