@@ -98,25 +98,40 @@ def profile_into(ids, n, prompt_len, generated, estimate, base, remaining):
 @jit
 def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held, prompt_len,
                      prefill_len, generated, estimate, running, n_run, start, base, remaining,
-                     order_key, hint, iteration, cached, use_cached):
+                     order_key, hint, iteration, cache):
     """How many of ``candidates[:n_cand]``, walked in order, can start now beside
     ``running[:n_run]``: the longest prefix that passes the lookahead check (written to
     ``start``): :func:`first_candidate_fits`, then :func:`admissible_after_first`.
 
-    ``use_cached``: candidate ``k``'s first ``cached[k]`` prompt tokens are in the prefix
-    cache, shared: its footprint counts only the rest (a reduced footprint; see the module
-    docstring)."""
+    ``cache``: None, or the engine state, whose prefix cache then shortens each candidate's
+    footprint (:func:`footprint`; a reduced footprint, see the module docstring). The cache
+    is searched only for the candidates the check reads: the first, and when it fits, those
+    the walk reaches."""
     if n_cand == 0:
         return 0
     first = first_candidate_fits(
-        candidates, prefill_len[candidates[0]] - (cached[0] if use_cached else 0), kv_capacity,
-        block, kv_held, check_held, prompt_len, generated, estimate, running, n_run, base,
-        remaining, order_key, hint, iteration)
+        candidates, footprint(cache, prefill_len, candidates[0]), kv_capacity, block, kv_held,
+        check_held, prompt_len, generated, estimate, running, n_run, base, remaining,
+        order_key, hint, iteration)
     if first < 0:
         return 0
     return admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefill_len,
                                   generated, estimate, n_run, start, base, remaining,
-                                  order_key, cached, use_cached)
+                                  order_key, cache)
+
+
+@jit
+def footprint(cache, prefill_len, rid):
+    """The KV slots waiting ``rid`` adds when it starts: its prefill, less (``cache``: the
+    engine state with the prefix cache on, else None) the prompt tokens it finds cached
+    that its admission would not take from the free memory: hits on free entries are
+    memory the batch takes."""
+    if cache is None:
+        return prefill_len[rid]
+    hits = cached_blocks(cache, rid)
+    if hits:
+        hits -= free_among_hits(cache, rid, hits)
+    return prefill_len[rid] - hits * cache.block
 
 
 @jit(inline="always")
@@ -164,14 +179,15 @@ def first_candidate_fits(candidates, first_new, kv_capacity, block, kv_held, che
 @jit(inline="always")
 def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefill_len,
                            generated, estimate, n_run, start, base, remaining, order_key,
-                           cached, use_cached):
+                           cache):
     """The longest prefix of ``candidates[:n_cand]`` that passes the lookahead check, once
     :func:`first_candidate_fits` has passed the first (``first``: the running set's KV at
     the first checkpoint; ``base``, ``remaining`` as it left them). Feasibility is monotone
     in the prefix (adding a request never lowers the KV at any checkpoint), so the answer is
     found by galloping then bisection. A necessary condition at the first checkpoint bounds
     the prefix: each candidate holds at least its footprint and one token after its first
-    iteration, and the walk reads ``cached`` only up to the first candidate past it."""
+    iteration, and the walk reads a candidate's footprint (``cache``: see
+    :func:`admissible_count`) only up to the first candidate past it."""
     budget = kv_capacity
     # A candidate holds at least two slots after its first iteration (a prompt token and the
     # token it emits), so at most (budget - first) // 2 can start.
@@ -180,11 +196,11 @@ def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefil
     total = 0
     for k in range(limit):
         rid = candidates[k]
-        footprint = prefill_len[rid] - (cached[k] if use_cached else 0)
-        total += footprint + 1
+        added = footprint(cache, prefill_len, rid)
+        total += added + 1
         if total > budget - first:
             break
-        base[n_run + k] = footprint
+        base[n_run + k] = added
         remaining[n_run + k] = iterations_left(estimate, generated, rid)
         upper += 1
     if upper > 1 and compiled_peak_kv(base, remaining, n_run + upper, block, order_key) > budget:
@@ -205,54 +221,26 @@ def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefil
 
 
 @jit
-def _tokens_found_cached(s, rid):
-    """Prompt tokens of waiting ``rid`` found in the prefix cache that its admission would
-    not take from the free memory: hits on free entries are memory the batch takes."""
-    hits = cached_blocks(s, rid)
-    if hits:
-        hits -= free_among_hits(s, rid, hits)
-    return hits * s.block
-
-
-@jit
 def start_admissible(s, rule, candidates, n_cand):
     """The decision of a policy that walks ``candidates[:n_cand]`` and starts what the
     lookahead admits (``rule.ints[0]`` keeps its hint). With nothing to start because
     nothing waits or the first candidate cannot join the KV held now, that stays so until
-    a request arrives or completes: the decision promises it (``steady``).
-
-    With the prefix cache the cache is searched only for the candidates the check reaches:
-    the first, and when it fits, those the walk of :func:`admissible_after_first` reads."""
-    cached = s.scratch4
-    if not s.cache_on:
+    a request arrives or completes: the decision promises it (``steady``)."""
+    if s.cache_on:
         s.n_start = admissible_count(
             candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
             s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
-            s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, cached, False)
-    elif n_cand == 0:
-        s.n_start = 0
+            s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, s)
     else:
-        cached[0] = _tokens_found_cached(s, candidates[0])
-        first = first_candidate_fits(
-            candidates, s.prefill_len[candidates[0]] - cached[0], s.capacity, s.block,
-            s.kv_held, np.bool_(True), s.prompt_len, s.generated, s.estimate, s.running,
-            s.n_run, s.scratch, s.scratch2, s.scratch3, rule.ints[0:1], s.iteration)
-        s.n_start = 0
-        if first >= 0:
-            total = 0
-            for k in range(n_cand):
-                if k:
-                    cached[k] = _tokens_found_cached(s, candidates[k])
-                total += s.prefill_len[candidates[k]] - cached[k] + 1
-                if total > s.capacity - first:
-                    break
-            s.n_start = admissible_after_first(
-                candidates, n_cand, s.capacity, s.block, first, s.prefill_len, s.generated,
-                s.estimate, s.n_run, s.start, s.scratch, s.scratch2, s.scratch3, cached, True)
+        s.n_start = admissible_count(
+            candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
+            s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
+            s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, None)
     # The promise rests on the held-KV test, which only grows harder: the KV held grows and
     # the first candidate's cached prefix can only shrink (a reclaim) until the next event.
-    if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + s.prefill_len[candidates[0]]
-                           - (cached[0] if s.cache_on else 0) + 1 > s.capacity):
+    if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + 1 > s.capacity - (
+            footprint(s, s.prefill_len, candidates[0]) if s.cache_on
+            else s.prefill_len[candidates[0]])):
         s.steady = 2 ** 62
     return 0
 
@@ -301,4 +289,4 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
         _ids(view.predicted_output if estimate is None else estimate), run, run.size,
         np.empty(max(candidates.size, 1), dtype=np.int64), *(np.empty(size, dtype=np.int64)
                                                             for _ in range(3)),
-        np.full(1, -1, dtype=np.int64), view.iteration, np.zeros(1, dtype=np.int64), False))
+        np.full(1, -1, dtype=np.int64), view.iteration, None))

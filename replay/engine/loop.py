@@ -399,7 +399,6 @@ class Engine:
             "scratch": np.zeros(n + 1, dtype=np.int64),
             "scratch2": np.zeros(n + 1, dtype=np.int64),
             "scratch3": np.zeros(n + 1, dtype=np.int64),
-            "scratch4": np.zeros(n + 1, dtype=np.int64),
             "float_scratch": np.zeros(max(n, 1), dtype=np.float64),
             "is_prefill": np.zeros(n, dtype=np.bool_),
         }

@@ -87,7 +87,7 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     ("gap_buffer", F8), ("gap_counts", I8), ("gap_filled", int), ("gap_count", int),
     ("gap_log_lo", float), ("gap_log_ratio", float), ("gap_total", float), ("gap_max", float),
     # -- scratch space for the phases and the decisions
-    ("scratch", I8), ("scratch2", I8), ("scratch3", I8), ("scratch4", I8), ("float_scratch", F8),
+    ("scratch", I8), ("scratch2", I8), ("scratch3", I8), ("float_scratch", F8),
     # -- the overflow rules' random stream
     ("overflow_rng", _RNG),
     # -- sessions (dynamic = 1): a later turn arrives a think time after its predecessor
