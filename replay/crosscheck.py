@@ -1,4 +1,5 @@
-"""docs/reproducing/harness.md D3: ``python -m replay.crosscheck [--n N] [--quick] [--out DIR]``.
+"""docs/reproducing/harness.md D3: ``python -m replay.crosscheck [--n N] [--quick] [--out DIR]``
+``[--whole-process]``.
 
 Runs Vidur's own event-driven simulator (the ``vidur`` package, offline: the data
 directory's profiles, no wandb, no downloads) and this harness on the same requests
@@ -11,9 +12,10 @@ and ``policy=sarathi``, on LMSYS and arXiv at a low and a high rate. Writes, und
 * ``requests.csv``: every request of every case in both simulators (latency, TTFT,
   mean time between tokens, restarts);
 * ``comparison.csv``: per case and metric, mean/p50/p99 in each and their differences;
-* ``speed.csv``: each simulator's wall time of the simulation loop (the fastest of
-  ``--repeat`` runs of each, default 3) and requests per wall-second, and their ratio
-  (also printed);
+* ``speed.csv``: each simulator's wall time of the simulation loop and of the
+  in-process call (the fastest of ``--repeat`` runs of each, default 3), with
+  ``--whole-process`` of one whole process per case, requests per wall-second, and the
+  ratios (also printed);
 * ``distributions.png``: the per-request distributions side by side (CDFs).
 
 Both simulators price a batch with the same trained Vidur predictor (this harness
@@ -57,9 +59,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
+import pickle
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +72,7 @@ from hydra.utils import instantiate
 
 from replay.config import compose_config
 from replay.config.cli import run_or_exit
+from replay.crosscheck_vidur import run_vidur
 from replay.errors import InputError
 from replay.experiments.plots.common import plt, save_figure
 from replay.experiments.report import CROSSCHECK_PROVENANCE as PROVENANCE
@@ -135,99 +140,37 @@ def run_harness(overrides: list[str], out_dir: Path
     return pd.read_parquet(out_dir / "requests.parquet"), summary["loop_time_s"], call, cfg
 
 
-def _restartable_request_class():
-    from vidur.entities import Request
-
-    class RestartableRequest(Request):
-        """Vidur's request, with the stage counters its ``restart`` forgets reset."""
-
-        def restart(self) -> None:
-            super().restart()
-            self._num_stage_processed_tokens = 0
-            self._is_prefill_stage_complete = False
-
-    return RestartableRequest
+def time_process(command: list[str], what: str) -> float:
+    """Wall seconds of ``command`` as a process of its own, from its start to its exit."""
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise InputError(f"{what}: the whole-process run exited {done.returncode}: {last}")
+    return seconds
 
 
-def run_vidur(requests: pd.DataFrame, setup: Setup, scheduler: str, predictor,
-              model_name: str, tensor_parallel: int) -> tuple[pd.DataFrame, float, float]:
-    """Vidur's simulator on the harness's requests (same arrivals and lengths) with the
-    already-trained ``predictor``; per-request metrics, the loop's wall seconds and those
-    of the whole call (building the simulator and its requests, the loop, the metrics)."""
-    call_started = time.perf_counter()
-    import vidur.scheduler.global_scheduler.base_global_scheduler as global_scheduler
-    from vidur.config import (
-        CacheConfig,
-        ClusterConfig,
-        MetricsConfig,
-        ReplicaConfig,
-        SarathiSchedulerConfig,
-        SimulationConfig,
-        SyntheticRequestGeneratorConfig,
-        VllmSchedulerConfig,
-    )
-    from vidur.entities import Replica
-    from vidur.events import RequestArrivalEvent
-    from vidur.simulator import Simulator
-
-    class SharedPredictor:
-        """Hands Vidur's replicas the predictor trained once (and used by the harness)."""
-
-        @staticmethod
-        def get(*args, **kwargs):
-            return predictor
-
-    replica_scheduler = (
-        VllmSchedulerConfig(batch_size_cap=setup.max_num_seqs,
-                            max_tokens_in_batch=setup.max_num_batched_tokens)
-        if scheduler == "vllm" else
-        SarathiSchedulerConfig(batch_size_cap=setup.max_num_seqs, chunk_size=setup.chunk_size))
-    with tempfile.TemporaryDirectory() as scratch:
-        config = SimulationConfig(
-            log_level="warning",
-            cluster_config=ClusterConfig(
-                replica_config=ReplicaConfig(model_name=model_name, num_pipeline_stages=1,
-                                             tensor_parallel_size=tensor_parallel,
-                                             device="a100",
-                                             network_device="a100_pairwise_nvlink"),
-                cache_config=CacheConfig(block_size=setup.block_size,
-                                         num_blocks=setup.kv_blocks,
-                                         watermark_blocks_fraction=setup.watermark),
-                replica_scheduler_config=replica_scheduler),
-            request_generator_config=SyntheticRequestGeneratorConfig(num_requests=1),
-            metrics_config=MetricsConfig(write_metrics=False, write_json_trace=False,
-                                         enable_chrome_trace=False, store_plots=False,
-                                         wandb_project=None, output_dir=scratch))
-        registry = global_scheduler.ExecutionTimePredictorRegistry
-        global_scheduler.ExecutionTimePredictorRegistry = SharedPredictor
-        # Vidur numbers replicas with a class-level counter, while its global scheduler
-        # routes to ReplicaId(0): a second Simulator in one process needs the count reset.
-        Replica._id = -1
-        try:
-            simulator = Simulator(config)
-        finally:
-            global_scheduler.ExecutionTimePredictorRegistry = registry
-        request_class = _restartable_request_class()
-        ours = [request_class(float(a), int(s), int(o)) for a, s, o in
-                zip(requests["arrival"], requests["prompt_len"], requests["output_len"],
-                    strict=True)]
-        simulator._event_queue = []  # replace the generator's requests with the harness's
-        for request in ours:
-            simulator._add_event(RequestArrivalEvent(request.arrived_at, request))
-        started = time.perf_counter()
-        simulator.run()
-        wall = time.perf_counter() - started
-    completed = np.array([r.completed_at for r in ours])
-    first = np.array([r.prefill_completed_at for r in ours])
-    arrival = requests["arrival"].to_numpy()
-    gaps = np.maximum(requests["output_len"].to_numpy() - 1, 1)
-    frame = pd.DataFrame({
-        "request_id": requests["request_id"], "arrival": arrival,
-        "prompt_len": requests["prompt_len"], "output_len": requests["output_len"],
-        "latency": completed - arrival, "ttft": first - arrival,
-        "tbt_mean": np.where(requests["output_len"] > 1, (completed - first) / gaps, np.nan),
-        "restarts": [r._num_restarts for r in ours]})
-    return frame, wall, time.perf_counter() - call_started
+def time_whole_processes(setup: Setup, overrides: list[str], requests: pd.DataFrame,
+                         scheduler: str, timing, case_dir: Path) -> tuple[float, float]:
+    """Each simulator's whole process on one case (``--whole-process``): ``python -m replay``
+    with the case's overrides, and ``python -m replay.crosscheck_vidur`` on the requests
+    the harness drew, with Vidur's predictor from its model cache."""
+    work = case_dir / "whole_process"
+    work.mkdir(parents=True, exist_ok=True)
+    ours = time_process([sys.executable, "-m", "replay", *overrides,
+                         f"hydra.run.dir={work / 'kvsched'}"], f"{case_dir}: kvsched")
+    requests[["request_id", "arrival", "prompt_len", "output_len"]].to_parquet(
+        work / "requests.parquet")
+    with open(work / "predictor.pkl", "wb") as stream:
+        pickle.dump((timing.spec, timing.files, timing.cache_path / "vidur"), stream)
+    job = {"requests": str(work / "requests.parquet"), "scheduler": scheduler,
+           "setup": {k: v for k, v in asdict(setup).items() if k != "extra"},
+           "predictor": str(work / "predictor.pkl")}
+    atomic_write_text(work / "vidur_job.json", json.dumps(job, indent=1))
+    theirs = time_process([sys.executable, "-m", "replay.crosscheck_vidur",
+                           str(work / "vidur_job.json")], f"{case_dir}: Vidur")
+    return ours, theirs
 
 
 def compare(frame: pd.DataFrame) -> pd.DataFrame:
@@ -270,10 +213,13 @@ def plot(frame: pd.DataFrame, out: Path) -> Path:
 
 
 def crosscheck(setup: Setup, out_dir: Path,
-               cases: dict[str, tuple[float, ...]] = RATES, repeat: int = 1) -> pd.DataFrame:
+               cases: dict[str, tuple[float, ...]] = RATES, repeat: int = 1,
+               whole_process: bool = False) -> pd.DataFrame:
     """Every case in both simulators; writes the tables and figure, returns the speeds.
     Each simulator runs each case ``repeat`` times and its fastest run is timed (the same
-    rule for both: a run of a few milliseconds is at the mercy of the machine)."""
+    rule for both: a run of a few milliseconds is at the mercy of the machine). With
+    ``whole_process``, each also runs each case once more as a process of its own, timed
+    whole (:func:`time_whole_processes`)."""
     frames, speeds = [], []
     predictors = {}  # Vidur's predictor of each model, loaded once (hundreds of MB)
     for workload, rates in cases.items():
@@ -296,6 +242,11 @@ def crosscheck(setup: Setup, out_dir: Path,
                     their_walls.append(wall)
                     their_calls.append(call)
                 our_wall, their_wall = min(our_walls), min(their_walls)
+                our_process = their_process = float("nan")
+                if whole_process:
+                    our_process, their_process = time_whole_processes(
+                        setup, setup.overrides(workload, rate, scheduler), ours, scheduler,
+                        timing, case_dir)
                 ours = ours.assign(restarts=ours["evictions"])
                 for name, part in (("kvsched", ours), ("vidur", theirs)):
                     frames.append(part[["request_id", "arrival", "prompt_len", "output_len",
@@ -304,7 +255,9 @@ def crosscheck(setup: Setup, out_dir: Path,
                 speeds.append({"workload": workload, "rate": rate, "scheduler": scheduler,
                                "requests": len(ours), "kvsched_wall_s": our_wall,
                                "vidur_wall_s": their_wall, "kvsched_call_s": min(our_calls),
-                               "vidur_call_s": min(their_calls), "runs_each": repeat})
+                               "vidur_call_s": min(their_calls),
+                               "kvsched_process_s": our_process,
+                               "vidur_process_s": their_process, "runs_each": repeat})
                 print(f"{workload} at {rate:g}/s, {scheduler}: loop kvsched {our_wall:.3f} s, "
                       f"Vidur {their_wall:.3f} s; in-process call kvsched "
                       f"{min(our_calls):.3f} s, Vidur {min(their_calls):.3f} s", flush=True)
@@ -319,6 +272,7 @@ def crosscheck(setup: Setup, out_dir: Path,
     speed["vidur_requests_per_s"] = speed["requests"] / speed["vidur_wall_s"]
     speed["speedup"] = speed["vidur_wall_s"] / speed["kvsched_wall_s"]
     speed["call_speedup"] = speed["vidur_call_s"] / speed["kvsched_call_s"]
+    speed["process_speedup"] = speed["vidur_process_s"] / speed["kvsched_process_s"]
     atomic_write(out_dir / "speed.csv", lambda tmp: speed.to_csv(tmp, index=False))
     atomic_write_text(out_dir / "setup.json", json.dumps(setup.__dict__, indent=1))
     # What produced these numbers, for the report's stamp beside them.
@@ -335,9 +289,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int]:
-    """The command line as the setup both simulators share, the output folder and the
-    number of runs per case (``--n`` counts with and without ``--quick``)."""
+def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int, bool]:
+    """The command line as the setup both simulators share, the output folder, the number
+    of runs per case (``--n`` counts with and without ``--quick``) and whether each case is
+    also timed as whole processes."""
     parser = argparse.ArgumentParser(prog="python -m replay.crosscheck",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=None,
@@ -353,22 +308,28 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int]:
                         metavar="KEY=VALUE",
                         help="a config override for every harness run, after the case's own "
                              "(repeatable), as in reproduce")
+    parser.add_argument("--whole-process", action="store_true",
+                        help="also time each case once as a whole process of each simulator "
+                             "(python -m replay; Vidur's run in a fresh interpreter)")
     args = parser.parse_args(argv)
     n = args.n if args.n is not None else (60 if args.quick else 1000)
     return (Setup(n=n, quick=args.quick, reserve_prompt=args.reserve_prompt,
-                  extra=tuple(args.extra)), args.out, args.repeat)
+                  extra=tuple(args.extra)), args.out, args.repeat, args.whole_process)
 
 
 def main() -> None:
-    setup, out, repeat = parse_arguments()
+    setup, out, repeat, whole_process = parse_arguments()
     run_or_exit(ensure_writable_dir, out)  # before minutes of simulation, not after
-    speed = run_or_exit(crosscheck, setup, out, repeat=repeat)
+    speed = run_or_exit(crosscheck, setup, out, repeat=repeat, whole_process=whole_process)
     total = speed.sum(numeric_only=True)
     print(f"Vidur's time over kvsched's, the same {int(total['requests'])} requests "
           f"({out / 'speed.csv'}):")
     for label, column in (("step loops only (kvsched's loop, Vidur's Simulator.run)", "wall"),
                           ("in-process call (kvsched: compose, build, run, write; Vidur: "
-                           "build the simulator, run, collect metrics)", "call")):
+                           "build the simulator, run, collect metrics)", "call"),
+                          *((("whole process (kvsched: python -m replay; Vidur: a fresh "
+                              "interpreter loading its predictor from the model cache)",
+                              "process"),) if whole_process else ())):
         ours, theirs = total[f"kvsched_{column}_s"], total[f"vidur_{column}_s"]
         print(f"  {label}: {theirs / ours:.1f}x ({theirs:.2f} s against {ours:.2f} s)")
 

@@ -124,6 +124,61 @@ def test_vidur_predictor_is_loaded_once_per_model(monkeypatch, tmp_path):
 
 
 def test_set_overrides_reach_every_harness_run():
-    setup, _, _ = parse_arguments(["--set", "engine.fast_forward=false", "--set", "seed=3"])
+    setup, *_ = parse_arguments(["--set", "engine.fast_forward=false", "--set", "seed=3"])
     overrides = setup.overrides("lmsys", 5.0, "vllm")
     assert overrides[-2:] == ["engine.fast_forward=false", "seed=3"]
+
+
+def test_whole_processes_are_timed_only_when_asked_and_reported_beside_the_loops(
+        monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import replay.crosscheck as cc
+    from replay.experiments.report import _whole_process_summary
+
+    requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
+                             "output_len": [2], "latency": [1.0], "ttft": [0.5],
+                             "tbt_mean": [0.5], "evictions": [0]})
+
+    class Timing:
+        spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
+        cache_path = tmp_path / "predictor-of-m"
+
+        def vidur_predictor(self):
+            return object()
+
+    timed = []
+    monkeypatch.setattr(cc, "SCHEDULERS", ("vllm",))
+    monkeypatch.setattr(cc, "run_harness", lambda *a: (requests, 0.1, 0.5,
+                                                       SimpleNamespace(timing=None)))
+    monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
+    monkeypatch.setattr(cc, "run_vidur", lambda *a: (requests.assign(restarts=0), 4.0, 6.0))
+    monkeypatch.setattr(cc, "time_whole_processes", lambda *a: timed.append(a) or (2.0, 8.0))
+    without = cc.crosscheck(Setup(n=1, quick=True), tmp_path / "a", cases={"lmsys": (5.0,)})
+    assert not timed and without[["kvsched_process_s", "process_speedup"]].isna().all().all()
+    assert "whole processes" not in _whole_process_summary(without)
+    speed = cc.crosscheck(Setup(n=1, quick=True), tmp_path / "b", cases={"lmsys": (5.0,)},
+                          whole_process=True)
+    assert len(timed) == 1 and speed.iloc[0]["process_speedup"] == 8.0 / 2.0
+    assert _whole_process_summary(speed) == (" Vidur's time over kvsched's: step loops 40.0x, "
+                                             "in-process calls 12.0x, whole processes 4.0x.")
+
+
+def test_a_whole_process_that_fails_is_one_line_naming_the_case():
+    import sys
+
+    from replay.crosscheck import time_process
+    from replay.errors import InputError
+
+    with pytest.raises(InputError, match=r"^lmsys 5/s: the whole-process run exited 1: boom$"):
+        time_process([sys.executable, "-c", "import sys; sys.exit('boom')"], "lmsys 5/s")
+
+
+def test_both_whole_processes_run_the_case(tmp_path):
+    """The real thing at a tiny size: ``python -m replay`` and Vidur in a fresh interpreter,
+    the same requests, both exit 0 and are timed."""
+    speed = crosscheck(Setup(n=20, quick=True), tmp_path, cases={"lmsys": (20.0,)},
+                       whole_process=True)
+    assert (speed[["kvsched_process_s", "vidur_process_s"]] > 0).all().all()
+    assert (tmp_path / "runs" / "lmsys_rate20_vllm" / "whole_process" / "kvsched"
+            / "summary.json").is_file()

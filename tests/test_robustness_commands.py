@@ -184,7 +184,7 @@ def test_reproduce_refuses_options_it_would_ignore(capsys, monkeypatch, argv, me
 @pytest.mark.parametrize(("argv", "n"), [([], 1000), (["--quick"], 60), (["--n", "7"], 7),
                                           (["--quick", "--n", "7"], 7)])
 def test_crosscheck_n_is_the_requests_per_case(argv, n):
-    setup, _, _ = parse_arguments(argv)
+    setup, *_ = parse_arguments(argv)
     assert setup.n == n and f"workload.n={n}" in setup.overrides("lmsys", 5.0, "vllm")
 
 

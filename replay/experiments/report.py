@@ -295,6 +295,19 @@ def _overview(views: list[TargetView], crosscheck: dict | None) -> dict:
             "total_minutes": sum(v.seconds or 0 for v in ran) / 60}
 
 
+def _whole_process_summary(speed: pd.DataFrame) -> str:
+    """Vidur's time over kvsched's for the step loops, the in-process calls and (when
+    ``--whole-process`` ran) the whole processes, side by side."""
+    ratios = [f"step loops {speed['vidur_wall_s'].sum() / speed['kvsched_wall_s'].sum():.1f}x"]
+    if "kvsched_call_s" in speed:
+        ratios.append("in-process calls "
+                      f"{speed['vidur_call_s'].sum() / speed['kvsched_call_s'].sum():.1f}x")
+    if "kvsched_process_s" in speed and speed["kvsched_process_s"].notna().all():
+        ratios.append("whole processes "
+                      f"{speed['vidur_process_s'].sum() / speed['kvsched_process_s'].sum():.1f}x")
+    return " Vidur's time over kvsched's: " + ", ".join(ratios) + "."
+
+
 def _crosscheck(crosscheck_dir: Path, outputs_root: Path) -> dict:
     """D3, from ``python -m replay.crosscheck`` (its ``--out`` beside the targets' folder)."""
     found = {"ran": (crosscheck_dir / "comparison.csv").is_file(),
@@ -314,7 +327,8 @@ def _crosscheck(crosscheck_dir: Path, outputs_root: Path) -> dict:
         "summary": (f"Simulated requests per wall-second over {int(total['requests'])} "
                     f"requests: kvsched {total['requests'] / total['kvsched_wall_s']:,.0f}, "
                     f"Vidur {total['requests'] / total['vidur_wall_s']:,.0f} (ratio "
-                    f"{total['vidur_wall_s'] / total['kvsched_wall_s']:.1f})."),
+                    f"{total['vidur_wall_s'] / total['kvsched_wall_s']:.1f})."
+                    + _whole_process_summary(speed)),
         "comparison": comparison[["workload", "rate", "scheduler", "metric", "kvsched_mean",
                                   "vidur_mean", "diff_mean", "diff_p50", "diff_p99",
                                   "restarts_kvsched", "restarts_vidur"]],
