@@ -63,17 +63,19 @@ def test_the_report_stamps_d3_with_the_commit_that_ran_it(checked):
     assert stamp["commit"] == recorded["commit"] and stamp["date"] == recorded["date"]
 
 
-def test_each_simulator_is_timed_by_its_fastest_of_repeated_runs(monkeypatch, tmp_path):
+REQUESTS = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
+                         "output_len": [2], "latency": [1.0], "ttft": [0.5], "tbt_mean": [0.5],
+                         "evictions": [0]})
+
+
+def fake_simulators(monkeypatch, tmp_path, harness, vidur):
+    """Both simulators replaced: ``harness()`` gives kvsched's (loop, call) seconds of each
+    run, ``vidur()`` Vidur's; returns the module and the list of predictor loads."""
     from types import SimpleNamespace
 
     import replay.crosscheck as cc
 
-    walls = {"kvsched": iter([0.3, 0.1, 0.2]), "vidur": iter([5.0, 7.0, 4.0])}
-    calls = {"kvsched": iter([0.9, 0.5, 0.7]), "vidur": iter([6.0, 9.0, 8.0])}
     loaded = []
-    requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
-                             "output_len": [2], "latency": [1.0], "ttft": [0.5],
-                             "tbt_mean": [0.5], "evictions": [0]})
 
     class Timing:
         spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
@@ -83,12 +85,18 @@ def test_each_simulator_is_timed_by_its_fastest_of_repeated_runs(monkeypatch, tm
             loaded.append(self.cache_path)
             return object()
 
-    monkeypatch.setattr(cc, "SCHEDULERS", ("vllm",))
-    monkeypatch.setattr(cc, "run_harness", lambda *a: (
-        requests, next(walls["kvsched"]), next(calls["kvsched"]), SimpleNamespace(timing=None)))
+    monkeypatch.setattr(cc, "run_harness", lambda *a: (REQUESTS, *harness(),
+                                                       SimpleNamespace(timing=None)))
     monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
-    monkeypatch.setattr(cc, "run_vidur", lambda *a: (
-        requests.assign(restarts=0), next(walls["vidur"]), next(calls["vidur"])))
+    monkeypatch.setattr(cc, "run_vidur", lambda *a: (REQUESTS.assign(restarts=0), *vidur()))
+    return cc, loaded
+
+
+def test_each_simulator_is_timed_by_its_fastest_of_repeated_runs(monkeypatch, tmp_path):
+    ours = iter([(0.3, 0.9), (0.1, 0.5), (0.2, 0.7)])
+    theirs = iter([(5.0, 6.0), (7.0, 9.0), (4.0, 8.0)])
+    cc, _ = fake_simulators(monkeypatch, tmp_path, lambda: next(ours), lambda: next(theirs))
+    monkeypatch.setattr(cc, "SCHEDULERS", ("vllm",))
     speed = cc.crosscheck(Setup(n=1, quick=True), tmp_path, cases={"lmsys": (5.0,)},
                           repeat=3)
     row = speed.iloc[0]
@@ -98,27 +106,7 @@ def test_each_simulator_is_timed_by_its_fastest_of_repeated_runs(monkeypatch, tm
 
 
 def test_vidur_predictor_is_loaded_once_per_model(monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
-    import replay.crosscheck as cc
-
-    requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
-                             "output_len": [2], "latency": [1.0], "ttft": [0.5],
-                             "tbt_mean": [0.5], "evictions": [0]})
-    loaded = []
-
-    class Timing:
-        spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
-        cache_path = tmp_path / "predictor-of-m"
-
-        def vidur_predictor(self):
-            loaded.append(self.cache_path)
-            return object()
-
-    monkeypatch.setattr(cc, "run_harness", lambda *a: (requests, 0.1, 0.2,
-                                                       SimpleNamespace(timing=None)))
-    monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
-    monkeypatch.setattr(cc, "run_vidur", lambda *a: (requests.assign(restarts=0), 1.0, 2.0))
+    cc, loaded = fake_simulators(monkeypatch, tmp_path, lambda: (0.1, 0.2), lambda: (1.0, 2.0))
     cc.crosscheck(Setup(n=1, quick=True), tmp_path, cases={"lmsys": (5.0, 20.0)}, repeat=2)
     assert loaded == [tmp_path / "predictor-of-m"]  # 2 rates x 2 schedulers x 2 runs: one load
 
@@ -131,28 +119,11 @@ def test_set_overrides_reach_every_harness_run():
 
 def test_whole_processes_are_timed_only_when_asked_and_reported_beside_the_loops(
         monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
-    import replay.crosscheck as cc
     from replay.experiments.report import _whole_process_summary
 
-    requests = pd.DataFrame({"request_id": [0], "arrival": [0.0], "prompt_len": [3],
-                             "output_len": [2], "latency": [1.0], "ttft": [0.5],
-                             "tbt_mean": [0.5], "evictions": [0]})
-
-    class Timing:
-        spec = type("Spec", (), {"model_name": "m", "tensor_parallel": 1})
-        cache_path = tmp_path / "predictor-of-m"
-
-        def vidur_predictor(self):
-            return object()
-
+    cc, _ = fake_simulators(monkeypatch, tmp_path, lambda: (0.1, 0.5), lambda: (4.0, 6.0))
     timed = []
     monkeypatch.setattr(cc, "SCHEDULERS", ("vllm",))
-    monkeypatch.setattr(cc, "run_harness", lambda *a: (requests, 0.1, 0.5,
-                                                       SimpleNamespace(timing=None)))
-    monkeypatch.setattr(cc, "instantiate", lambda cfg: Timing())
-    monkeypatch.setattr(cc, "run_vidur", lambda *a: (requests.assign(restarts=0), 4.0, 6.0))
     monkeypatch.setattr(cc, "time_whole_processes", lambda *a: timed.append(a) or (2.0, 8.0))
     without = cc.crosscheck(Setup(n=1, quick=True), tmp_path / "a", cases={"lmsys": (5.0,)})
     assert not timed and without[["kvsched_process_s", "process_speedup"]].isna().all().all()
