@@ -103,8 +103,8 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
     ``running[:n_run]``: the longest prefix that passes the lookahead check (written to
     ``start``): :func:`first_candidate_fits`, then :func:`admissible_after_first`.
 
-    ``cache``: None, or the engine state, whose prefix cache then shortens each candidate's
-    footprint (:func:`footprint`; a reduced footprint, see the module docstring). The cache
+    ``cache``: None, or the engine state, whose prefix cache (when on) shortens each
+    candidate's footprint (:func:`footprint`; a reduced footprint, see the module docstring). The cache
     is searched only for the candidates the check reads: the first, and when it fits, those
     the walk reaches."""
     if n_cand == 0:
@@ -123,10 +123,12 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
 @jit
 def footprint(cache, prefill_len, rid):
     """The KV slots waiting ``rid`` adds when it starts: its prefill, less (``cache``: the
-    engine state with the prefix cache on, else None) the prompt tokens it finds cached
+    engine state, whose prefix cache may be off, or None) the prompt tokens it finds cached
     that its admission would not take from the free memory: hits on free entries are
     memory the batch takes."""
     if cache is None:
+        return prefill_len[rid]
+    if not cache.cache_on:
         return prefill_len[rid]
     hits = cached_blocks(cache, rid)
     if hits:
@@ -226,21 +228,14 @@ def start_admissible(s, rule, candidates, n_cand):
     lookahead admits (``rule.ints[0]`` keeps its hint). With nothing to start because
     nothing waits or the first candidate cannot join the KV held now, that stays so until
     a request arrives or completes: the decision promises it (``steady``)."""
-    if s.cache_on:
-        s.n_start = admissible_count(
-            candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
-            s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
-            s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, s)
-    else:
-        s.n_start = admissible_count(
-            candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
-            s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
-            s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, None)
+    s.n_start = admissible_count(
+        candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
+        s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
+        s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, s)
     # The promise rests on the held-KV test, which only grows harder: the KV held grows and
     # the first candidate's cached prefix can only shrink (a reclaim) until the next event.
-    if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + 1 > s.capacity - (
-            footprint(s, s.prefill_len, candidates[0]) if s.cache_on
-            else s.prefill_len[candidates[0]])):
+    if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + 1 > s.capacity - footprint(
+            s, s.prefill_len, candidates[0])):
         s.steady = 2 ** 62
     return 0
 
