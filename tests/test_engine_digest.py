@@ -92,10 +92,14 @@ PINNED: dict[str, tuple] = {
                  48059, 2824.2236387013945, 0.7010579919999884),
     "paper_fcfs": ("completed", "6c1dcac2b0923cc3", "8dd88a5670f7944b",
                    57139, 3528.5574825459944, 0.6210496368000236),
-    "wait_b1": ("completed", "bc627299504ff6b7", "4b5243e4d49004ed",
-                13792, 852.7169325096957, 0.08179335394334153),
-    "nested_wait_b2": ("completed", "3357fa127b4e41cb", "9ccf588e4b2ccbd8",
-                       101219, 4817.039694046669, 0.7474535844426651),
+    # The two WAIT pins price with the Llama-2-7B Vidur tables, trained on first use from
+    # the derived attention table. With the packages installed on 2026-11-29 their outputs
+    # moved (nested_wait_b2's gap total by 4e-9 of itself) at 526a5fb too, whose outputs
+    # matched the old pins in CI: the tables moved, not the engine (the 70B ones did not).
+    "wait_b1": ("completed", "a9d17fa78ed725c9", "8d662714796b6f2b",
+                13792, 852.7169325095263, 0.08179335394332621),
+    "nested_wait_b2": ("completed", "1edc31480fc02ea9", "09b9036bcf9b65ff",
+                       101219, 4817.039673988752, 0.7474535844419963),
 }
 
 

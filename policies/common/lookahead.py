@@ -128,8 +128,6 @@ def footprint(cache, prefill_len, rid):
     memory the batch takes."""
     if cache is None:
         return prefill_len[rid]
-    if not cache.cache_on:
-        return prefill_len[rid]
     hits = cached_blocks(cache, rid)
     if hits:
         hits -= free_among_hits(cache, rid, hits)
