@@ -104,9 +104,9 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
     ``start``): :func:`first_candidate_fits`, then :func:`admissible_after_first`.
 
     ``cache``: None, or the engine state, whose prefix cache (when on) shortens each
-    candidate's footprint (:func:`footprint`; a reduced footprint, see the module docstring). The cache
-    is searched only for the candidates the check reads: the first, and when it fits, those
-    the walk reaches."""
+    candidate's footprint (:func:`footprint`; a reduced footprint, see the module
+    docstring). The cache is searched only for the candidates the check reads: the first,
+    and when it fits, those the walk reaches."""
     if n_cand == 0:
         return 0
     first = first_candidate_fits(
