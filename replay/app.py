@@ -45,7 +45,7 @@ from replay.config.cli import (
     refused_write,
 )
 from replay.config.validate import validate_config
-from replay.errors import InputError, surfacing_interrupts
+from replay.errors import InputError, resend_interrupts_lost_in_callbacks, surfacing_interrupts
 from replay.storage.outputs import NO_RESULT_STATUSES, atomic_write_text, summary_json
 
 register_resolvers()  # before Hydra resolves hydra.sweep.subdir
@@ -100,6 +100,9 @@ def _output_folder() -> str | None:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def replay_job(cfg: DictConfig) -> dict:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    # A sweep's job runs in a launcher's worker process, which did not start as a command:
+    # a Ctrl-C landing in numba's compile there would print Python's "ignored" traceback.
+    resend_interrupts_lost_in_callbacks()
     try:
         return surfacing_interrupts(_replay, cfg, out_dir)  # a job cut by Ctrl-C has not failed
     except Exception as exc:

@@ -85,6 +85,15 @@ def when_run_as_a_command() -> None:
     library use, a test) leaves the hook alone."""
     if sys.argv[:1] == ["-m"]:
         sys.excepthook = report_interrupt
+        resend_interrupts_lost_in_callbacks()
+
+
+def resend_interrupts_lost_in_callbacks() -> None:
+    """Install :func:`resend_lost_interrupt` in this process (unless the interrupt's line is
+    already out). A command's own process gets it on import (:func:`when_run_as_a_command`);
+    a sweep's worker process, which imports kvsched to run a job and compiles there, gets it
+    from the job. The worker's interrupt needs no line of its own: the sweep prints it."""
+    if sys.unraisablehook is not _ignore:
         sys.unraisablehook = resend_lost_interrupt
 
 
