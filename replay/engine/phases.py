@@ -443,15 +443,16 @@ def price(s, timing, price_batch, price_decodes):
     members, chunk, context = s.members, s.chunk, s.context
     prefill_len, prefilled, held, chunk_of = s.prefill_len, s.prefilled, s.held, s.chunk_of
     block = s.block
-    cache_on = s.cache_on
+    # an admission's blocks found in the prefix cache are context, not computed (a step
+    # without admissions, most of them, needs no look at each member's status)
+    cache_hits = s.cache_on != 0 and s.n_start > 0
     s.step_hit_tokens = 0
     prefill_total = 0
     context_sum = 0
     context_max = 0
     for i in range(m):
         rid = members[i]
-        # an admission's blocks found in the prefix cache are context, not computed
-        skip = s.hit_blocks[rid] * block if cache_on and s.status[rid] == WAITING else 0
+        skip = s.hit_blocks[rid] * block if cache_hits and s.status[rid] == WAITING else 0
         c = prefill_len[rid] - prefilled[rid] - skip
         if chunk_of[rid] > 0:
             c = chunk_of[rid]
@@ -485,7 +486,7 @@ def price(s, timing, price_batch, price_decodes):
                 new_tokens[i] = 1
             else:
                 remaining = prefill_len[rid] - prefilled[rid]
-                if cache_on and s.status[rid] == WAITING:
+                if cache_hits and s.status[rid] == WAITING:
                     remaining -= s.hit_blocks[rid] * block
                 is_prefill[i] = remaining > 0
                 if remaining > 0:
@@ -675,7 +676,8 @@ def _cache_full_blocks(s):
     n_ref, hash_count, held, block, members = s.n_ref, s.hash_count, s.held, s.block, s.members
     for i in range(s.m):
         rid = members[i]
-        if n_ref[rid] < hash_count[rid] and held[rid] // block > n_ref[rid]:
+        have = n_ref[rid]  # a product, not held // block: a division per member costs
+        if have < hash_count[rid] and held[rid] >= (have + 1) * block:  # a tenth of the step
             insert_full_blocks(s, rid)
 
 
