@@ -284,7 +284,7 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
     names = ("hashes", "ref_entry", "hash_start", "hash_count", "w_hash_start",
              "w_hash_count", "n_ref", "hit_blocks", "cached_tokens", "cache_table",
              "entry_hash", "entry_ref", "entry_prev", "entry_next", "entry_seq", "entry_stack",
-             "entry_pin")
+             "entry_pin", "lookup_chain", "lookup_removals")
     if kv.prefix_cache == "none":
         return {name: np.zeros(0, dtype=np.int64) for name in names}
     block, n = kv.block_size, len(requests)
@@ -302,8 +302,9 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
     entries = kv.tokens // block + 1
     table = 1 << int(2 * entries).bit_length()
     arrays = {name: np.zeros(n, dtype=np.int64) for name in ("n_ref", "hit_blocks",
-                                                               "cached_tokens")}
+                                                               "cached_tokens", "lookup_chain")}
     arrays.update(
+        lookup_removals=np.full(n, -1, dtype=np.int64),  # never looked up
         hashes=np.concatenate(lists) if n else np.zeros(0, np.int64),
         ref_entry=np.full(int(counts.sum()), -1, dtype=np.int64),
         w_hash_start=starts, w_hash_count=counts,
@@ -507,7 +508,7 @@ class Engine:
             cache_on=kv.prefix_cache != "none", cache_rule=CACHE_EVICTIONS.index(
                 kv.cache_eviction), n_entry_stack=a["entry_stack"].size, cache_entries=0,
             cache_free=0, shared_refs=0, free_head=-1, free_tail=-1, entry_counter=0,
-            pin_stamp=0, pinned_free=0,
+            pin_stamp=0, pinned_free=0, cache_removals=0,
             step_hit_tokens=0, cache_reclaimed=0, cache_hit_blocks=0, cache_lookup_blocks=0,
             cache_hit_tokens=0, cache_prompt_tokens=0, dynamic=self.dynamic, next_first=0,
             heap_size=0,

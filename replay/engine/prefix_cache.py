@@ -109,21 +109,40 @@ def _reference(s, entry):
 
 @jit
 def lookup_hits(s, rid):
-    """How many leading blocks of ``rid``'s prefill are cached now (at least one prompt token
-    is left to compute)."""
-    return count_cached(s.hashes, s.hash_start[rid], s.hash_count[rid],
-                        (s.prefill_len[rid] - 1) // s.block, s.cache_table, s.entry_hash)
+    """How many leading blocks of waiting ``rid``'s prefill are cached now (at least one
+    prompt token is left to compute). The entries found are written beside its hashes
+    (``ref_entry``), where :func:`pin_hits`, :func:`free_among_hits` and :func:`acquire` read
+    them without probing the table again.
+
+    A waiting request is looked up at every step it waits (by the policy, and again when it
+    starts), and a long shared prefix is many probes each time. The chain found stays
+    cached until an entry is removed (``cache_removals`` counts removals), so a request
+    looked up since the last removal probes only past it, from the first block that was
+    missing."""
+    if s.lookup_removals[rid] != s.cache_removals:
+        s.lookup_removals[rid] = s.cache_removals
+        s.lookup_chain[rid] = 0
+    limit = max(0, min(s.hash_count[rid], (s.prefill_len[rid] - 1) // s.block))
+    start, hashes, ref_entry = s.hash_start[rid], s.hashes, s.ref_entry
+    table, entry_hash = s.cache_table, s.entry_hash
+    chain = s.lookup_chain[rid]
+    while chain < limit:
+        entry = find_in(table, entry_hash, hashes[start + chain])
+        if entry == EMPTY:
+            break
+        ref_entry[start + chain] = entry
+        chain += 1
+    s.lookup_chain[rid] = chain
+    return min(chain, limit)
 
 
 @jit
 def acquire(s, rid, hits):
-    """``rid`` starts with its first ``hits`` blocks taken from the cache."""
-    start, hashes, ref_entry = s.hash_start[rid], s.hashes, s.ref_entry
-    table, entry_hash = s.cache_table, s.entry_hash
+    """``rid`` starts with its first ``hits`` blocks taken from the cache (found by this step's
+    :func:`lookup_hits` and pinned since: still the entries it wrote)."""
+    start, ref_entry = s.hash_start[rid], s.ref_entry
     for k in range(hits):
-        entry = find_in(table, entry_hash, hashes[start + k])
-        _reference(s, entry)
-        ref_entry[start + k] = entry
+        _reference(s, ref_entry[start + k])
     s.n_ref[rid] = hits
     s.shared_refs += hits
 
@@ -212,6 +231,7 @@ def _remove(s, entry):
     s.entry_stack[s.n_entry_stack] = entry
     s.n_entry_stack += 1
     s.cache_entries -= 1
+    s.cache_removals += 1
 
 
 @jit
@@ -225,10 +245,9 @@ def new_pins(s):
 def pin_hits(s, rid, hits):
     """``rid`` starts this step with its first ``hits`` blocks from the cache: no reclaim of
     this step may take them (it takes its references only once the step executes)."""
-    start, stamp, hashes, entry_pin = s.hash_start[rid], s.pin_stamp, s.hashes, s.entry_pin
-    table, entry_hash = s.cache_table, s.entry_hash
+    start, stamp, ref_entry, entry_pin = s.hash_start[rid], s.pin_stamp, s.ref_entry, s.entry_pin
     for k in range(hits):
-        entry = find_in(table, entry_hash, hashes[start + k])
+        entry = ref_entry[start + k]  # found by lookup_hits just before
         if entry_pin[entry] != stamp:
             entry_pin[entry] = stamp
             if s.entry_ref[entry] == 0:
@@ -277,10 +296,9 @@ def free_among_hits(s, rid, hits):
     them out of the blocks a policy may allocate (as vLLM counts a hit on a block in its free
     queue as a block allocated). Counted per request: two admissions of one decision that
     find the same free entry count it twice, a block more than vLLM would."""
-    start, n, hashes, entry_ref = s.hash_start[rid], 0, s.hashes, s.entry_ref
-    table, entry_hash = s.cache_table, s.entry_hash
-    for k in range(hits):
-        if entry_ref[find_in(table, entry_hash, hashes[start + k])] == 0:
+    start, n, ref_entry, entry_ref = s.hash_start[rid], 0, s.ref_entry, s.entry_ref
+    for k in range(hits):  # the entries cached_blocks found just before
+        if entry_ref[ref_entry[start + k]] == 0:
             n += 1
     return n
 

@@ -117,6 +117,10 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     # the step each entry was last pinned in (an admission of that step found it: no reclaim
     # may take it), this step's stamp and how many free entries it pinned
     ("entry_pin", I8), ("pin_stamp", int), ("pinned_free", int),
+    # what each request's last lookup found: its chain of cached leading blocks (their
+    # entries in ref_entry), valid while no entry has been removed since (entries removed
+    # when it looked, against the running count)
+    ("lookup_chain", I8), ("lookup_removals", I8), ("cache_removals", int),
     # -- the prefix cache's totals: reclaimed entries, blocks found and looked up at
     # admissions, tokens taken from the cache and prompt tokens admitted; and its log
     # columns (tokens taken from the cache by the iteration's admissions, entries after it)
