@@ -676,8 +676,8 @@ def _cache_full_blocks(s):
     n_ref, hash_count, held, block, members = s.n_ref, s.hash_count, s.held, s.block, s.members
     for i in range(s.m):
         rid = members[i]
-        have = n_ref[rid]  # a product, not held // block: a division per member costs
-        if have < hash_count[rid] and held[rid] >= (have + 1) * block:  # a tenth of the step
+        have = n_ref[rid]  # held // block > have, as a product: no division per member
+        if have < hash_count[rid] and held[rid] >= (have + 1) * block:
             insert_full_blocks(s, rid)
 
 
