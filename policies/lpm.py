@@ -25,7 +25,7 @@ from policies.common.serving import prefill_first
 from policies.vllm import VLLMLike
 from replay.engine.jit import jit
 from replay.engine.policy import RunSetup
-from replay.engine.prefix_cache import cached_blocks
+from replay.engine.prefix_cache import lookup_hits_of
 from replay.engine.sorting import stable_argsort
 from replay.engine.state import new_rule_state
 from replay.params import check
@@ -40,8 +40,12 @@ def lpm_decide(s, rule):
     """The window at the queue's head, longest cached prefix first, admitted vLLM-like."""
     n = min(rule.ints[WINDOW], s.qtail - s.qhead)
     keys, order = s.scratch3, s.scratch2
-    for i in range(n):
-        keys[i] = -cached_blocks(s, s.queue[s.qhead + i])
+    if s.cache_on:
+        lookup_hits_of(s, s.queue, s.qhead, n, keys)
+        for i in range(n):
+            keys[i] = -keys[i]
+    else:
+        keys[:n] = 0
     ranked = stable_argsort(keys, n)
     for i in range(n):
         order[i] = s.queue[s.qhead + ranked[i]]

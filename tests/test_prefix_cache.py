@@ -16,9 +16,12 @@ from policies.mcsf import MCSF
 from replay.engine.kv import KVCapacity
 from replay.engine.loop import Engine
 from replay.engine.overflow import EvictLIFO
+from replay.engine.policy import Batch, PolicyView
 from replay.engine.requests import Requests
 from replay.timing.simple import UnitTiming
-from tests.test_oracle import CACHE_POLICIES, prefix_workloads
+from tests.oracle import engine as oracle
+from tests.oracle.policies import OracleEvictLIFO
+from tests.test_oracle import CACHE_POLICIES, assert_identical, prefix_workloads
 
 BLOCK = 4
 
@@ -114,6 +117,49 @@ def test_the_cache_keeps_memory_within_capacity_and_frees_every_entry(policy, wo
     if result.status == "completed":  # every request released its references
         assert result.iterations["kv_after"].iloc[-1] == \
             totals["entries_at_end"] * kv.block_size
+
+
+class OneAtATime:
+    """A user's policy written in Python: the queue's head starts alone when nothing runs.
+    It records what ``view.cached_tokens`` says of every waiting request at each step."""
+
+    def __init__(self, overflow) -> None:
+        self.overflow, self.seen = overflow, []
+
+    def decide(self, view: PolicyView) -> Batch:
+        waiting = view.waiting
+        self.seen.append((waiting.tolist(), view.cached_tokens(waiting).tolist()))
+        return Batch(start=waiting[:1] if view.running.size == 0 else waiting[:0])
+
+
+def test_a_python_policy_sees_the_cached_prefix_of_each_waiting_request():
+    # A (ids 1, 2) runs first; B shares both of its blocks, C only the first, D none: while
+    # A decodes, its prompt's two full blocks are cached. B's 9-token prompt may take both
+    # (8 tokens, its last token computed), C's 5-token prompt one, D nothing.
+    policy = OneAtATime(EvictLIFO())
+    offsets = np.array([0, 2, 4, 6, 7], np.int64)
+    requests = Requests(np.array([9, 9, 5, 9]), np.array([3, 1, 1, 1]), arrival=np.zeros(4),
+                        block_ids=np.array([1, 2, 1, 2, 1, 3, 7], np.int64),
+                        block_offsets=offsets, block_unit=BLOCK)
+    kv = KVCapacity(tokens=64, mode="explicit", block_size=BLOCK, prefix_cache="block_hash",
+                    cache_eviction="lru")
+    Engine(requests, policy, UnitTiming(), kv).run()
+    assert policy.seen[0] == ([0, 1, 2, 3], [0, 0, 0, 0])  # nothing cached yet
+    assert policy.seen[1] == ([1, 2, 3], [8, 4, 0])  # A prefilled: its blocks are entries
+
+
+@settings(max_examples=25, deadline=None)
+@given(workload=prefix_workloads())
+def test_a_python_policy_sees_the_oracles_cached_prefixes(workload):
+    requests, kv, options = workload
+    ours, theirs = OneAtATime(EvictLIFO()), OneAtATime(OracleEvictLIFO())
+    result = Engine(requests, ours, UnitTiming(), kv, seed=0, livelock_window=500,
+                    **options).run()
+    options.pop("fast_forward")
+    reference = oracle.Engine(requests, theirs, UnitTiming(), kv, seed=0, livelock_window=500,
+                              **options).run()
+    assert ours.seen == theirs.seen
+    assert_identical(result, reference)
 
 
 def test_mcsf_admits_more_with_the_cache_when_memory_binds():

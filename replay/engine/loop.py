@@ -64,6 +64,7 @@ from replay.engine.phases import (
     stop_reason,
 )
 from replay.engine.policy import Policy, RunSetup
+from replay.engine.prefix_cache import REMOVAL_LOG
 from replay.engine.requests import Requests
 from replay.engine.results import RunResult, iteration_frame
 from replay.engine.rules import (
@@ -284,7 +285,8 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
     names = ("hashes", "ref_entry", "hash_start", "hash_count", "w_hash_start",
              "w_hash_count", "n_ref", "hit_blocks", "cached_tokens", "cache_table",
              "entry_hash", "entry_ref", "entry_prev", "entry_next", "entry_seq", "entry_stack",
-             "entry_pin", "lookup_chain", "lookup_removals")
+             "entry_pin", "entry_depth", "lookup_chain", "lookup_removals", "lookup_inserts",
+             "removed_hash", "removed_depth", "lookup_one")
     if kv.prefix_cache == "none":
         return {name: np.zeros(0, dtype=np.int64) for name in names}
     block, n = kv.block_size, len(requests)
@@ -305,6 +307,7 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
                                                                "cached_tokens", "lookup_chain")}
     arrays.update(
         lookup_removals=np.full(n, -1, dtype=np.int64),  # never looked up
+        lookup_inserts=np.full(n, -1, dtype=np.int64),
         hashes=np.concatenate(lists) if n else np.zeros(0, np.int64),
         ref_entry=np.full(int(counts.sum()), -1, dtype=np.int64),
         w_hash_start=starts, w_hash_count=counts,
@@ -315,7 +318,11 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
         entry_prev=np.full(entries, -1, dtype=np.int64),
         entry_next=np.full(entries, -1, dtype=np.int64),
         entry_seq=np.zeros(entries, dtype=np.int64), entry_pin=np.zeros(entries, np.int64),
-        entry_stack=np.arange(entries - 1, -1, -1, dtype=np.int64))
+        entry_stack=np.arange(entries - 1, -1, -1, dtype=np.int64),
+        entry_depth=np.zeros(entries, dtype=np.int64),
+        removed_hash=np.zeros(REMOVAL_LOG, dtype=np.int64),
+        removed_depth=np.zeros(REMOVAL_LOG, dtype=np.int64),
+        lookup_one=np.zeros(1, dtype=np.int64))
     return {name: np.ascontiguousarray(arrays[name], dtype=np.int64) for name in names}
 
 
@@ -434,7 +441,7 @@ class Engine:
                         estimate=a["estimate"])
 
     # ------------------------------------------------------------------ the rules
-    def _rules(self, arrays: EngineArrays):
+    def _rules(self, state, arrays: EngineArrays):
         """The loop's rule arguments, and how each rule runs (compiled or through Python)."""
         policy, timing, overflow = self.policy, self.timing, self.policy.overflow
         bridges = []
@@ -442,7 +449,7 @@ class Engine:
             decide, policy_state, policy_path = type(policy).decision, policy.rule_state(
                 self.setup()), "compiled"
         else:
-            adapter = PythonPolicy(policy, arrays, self.kv.tokens, self.kv.block_size,
+            adapter = PythonPolicy(policy, state, arrays, self.kv.tokens, self.kv.block_size,
                                    self.policy_rng, self.options.validate_decisions)
             bridges.append(adapter)
             decide, policy_state, policy_path = decide_in_python, None, "python"
@@ -514,7 +521,7 @@ class Engine:
             heap_size=0,
             log_cache=np.zeros((2, _INITIAL_LOG_ROWS if kv.prefix_cache != "none" else 0),
                                dtype=np.int64))
-        rules, bridges, tokens, path = self._rules(EngineArrays(a))
+        rules, bridges, tokens, path = self._rules(state, EngineArrays(a))
         _, decide, _, evict_victims, _, price_batch, price_decodes = rules
         compile_time = ensure_compiled(((decide, DECIDE), (evict_victims, EVICT),
                                         (price_batch, PRICE), (price_decodes, PRICE_DECODES)))
@@ -536,7 +543,7 @@ class Engine:
             outcome = _outcome_of(state)
             bar.update(outcome["completed"] - bar.n)
             if code == EXIT_POLICY_ERROR:
-                view = PythonPolicy(self.policy, EngineArrays(a), kv.tokens, kv.block_size,
+                view = PythonPolicy(self.policy, state, EngineArrays(a), kv.tokens, kv.block_size,
                                     self.policy_rng, False).view_at(
                     outcome["now"], outcome["iteration"], outcome["kv_held"], outcome["qhead"],
                     outcome["qtail"], outcome["n_run"], outcome["next_arrival"])

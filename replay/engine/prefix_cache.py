@@ -29,6 +29,9 @@ from replay.engine.paging import blocks
 #: ``EngineState.cache_rule``: which free entry a reclaim takes first.
 LRU, FIFO = 0, 1
 EMPTY = -1
+#: The latest removals the lookups' memo keeps (a power of two): a request not looked up for
+#: more removals than this walks its chain again from the start.
+REMOVAL_LOG = 4096
 
 
 @jit(inline="always")
@@ -52,15 +55,11 @@ def find_in(table, entry_hash, key):
         slot = (slot + 1) & mask
 
 
-@jit
-def count_cached(hashes, start, count, limit, table, entry_hash):
-    """How many of ``hashes[start:start + count]``, from the first and at most ``limit``,
-    are cached in ``table``."""
-    hits = 0
-    limit = min(count, limit)
-    while hits < limit and find_in(table, entry_hash, hashes[start + hits]) != EMPTY:
-        hits += 1
-    return hits
+@jit(inline="always")
+def hit_limit(hash_count, prefill_len, block):
+    """The most leading blocks a request's prefill may take from the cache: its full blocks
+    with known content, leaving at least one prompt token to compute."""
+    return max(0, min(hash_count, (prefill_len - 1) // block))
 
 
 @jit
@@ -107,33 +106,69 @@ def _reference(s, entry):
     s.entry_ref[entry] += 1
 
 
-@jit
+@jit(inline="always")
 def lookup_hits(s, rid):
     """How many leading blocks of waiting ``rid``'s prefill are cached now (at least one
-    prompt token is left to compute). The entries found are written beside its hashes
+    prompt token is left to compute): :func:`lookup_hits_of` for one request."""
+    one = s.lookup_one
+    one[0] = rid
+    lookup_hits_of(s, one, 0, 1, one)
+    return one[0]
+
+
+@jit
+def lookup_hits_of(s, ids, first, n, hits):
+    """How many leading blocks of each waiting request ``ids[first:first + n]``'s prefill are
+    cached now (at least one prompt token is left to compute), into ``hits[:n]`` (which may
+    be ``ids[first:]`` itself). The entries found are written beside the hashes
     (``ref_entry``), where :func:`pin_hits`, :func:`free_among_hits` and :func:`acquire` read
     them without probing the table again.
 
     A waiting request is looked up at every step it waits (by the policy, and again when it
-    starts), and a long shared prefix is many probes each time. The chain found stays
-    cached until an entry is removed (``cache_removals`` counts removals), so a request
-    looked up since the last removal probes only past it, from the first block that was
-    missing."""
-    if s.lookup_removals[rid] != s.cache_removals:
-        s.lookup_removals[rid] = s.cache_removals
-        s.lookup_chain[rid] = 0
-    limit = max(0, min(s.hash_count[rid], (s.prefill_len[rid] - 1) // s.block))
-    start, hashes, ref_entry = s.hash_start[rid], s.hashes, s.ref_entry
-    table, entry_hash = s.cache_table, s.entry_hash
-    chain = s.lookup_chain[rid]
-    while chain < limit:
-        entry = find_in(table, entry_hash, hashes[start + chain])
-        if entry == EMPTY:
-            break
-        ref_entry[start + chain] = entry
-        chain += 1
-    s.lookup_chain[rid] = chain
-    return min(chain, limit)
+    starts), and a long shared prefix is many probes each time, so the chain found is kept.
+    Removals since cut it at the first removed block on it (the log of removals says which
+    hash left at which position; a request not looked up for longer than the log is walked
+    again from the start), and the walk goes on from there, or from where it stopped before:
+    not at all if no entry was added since and it stopped at a missing block (not merely at
+    the limit, which grows when an evicted request comes back to recompute its answer too).
+
+    The state's arrays are read once here and the walk is written out, not called: each read
+    of a record's array, and each array passed to a function (even an inlined one), takes and
+    drops a reference (two atomic operations), which for a policy's window of 128 lookups
+    per step measured as most of its cost."""
+    hash_start, hash_count, prefill_len, block = s.hash_start, s.hash_count, s.prefill_len, s.block
+    hashes, ref_entry, table, entry_hash = s.hashes, s.ref_entry, s.cache_table, s.entry_hash
+    chains, removals_seen, inserts_seen = s.lookup_chain, s.lookup_removals, s.lookup_inserts
+    removed_hash, removed_depth = s.removed_hash, s.removed_depth
+    removals, inserts = s.cache_removals, s.entry_counter
+    for i in range(n):
+        rid = ids[first + i]
+        start = hash_start[rid]
+        chain = chains[rid]
+        seen = removals_seen[rid]
+        if seen != removals:
+            if removals - seen > REMOVAL_LOG or seen < 0:
+                chain = 0
+            else:
+                for j in range(seen, removals):
+                    depth = removed_depth[j & (REMOVAL_LOG - 1)]
+                    if (depth < chain
+                            and hashes[start + depth] == removed_hash[j & (REMOVAL_LOG - 1)]):
+                        chain = depth
+            if chain < chains[rid]:
+                inserts_seen[rid] = -1
+            removals_seen[rid] = removals
+        limit = hit_limit(hash_count[rid], prefill_len[rid], block)
+        if inserts_seen[rid] != inserts:
+            while chain < limit:  # the walk: each next block's hash, until one is missing
+                entry = find_in(table, entry_hash, hashes[start + chain])
+                if entry == EMPTY:
+                    break
+                ref_entry[start + chain] = entry
+                chain += 1
+            inserts_seen[rid] = inserts if chain < limit else -1
+        chains[rid] = chain
+        hits[i] = min(chain, limit)
 
 
 @jit
@@ -148,11 +183,13 @@ def acquire(s, rid, hits):
 
 
 @jit
-def _new_entry(s, key):
-    """A new entry holding ``key``, referenced once; returns its id."""
+def _new_entry(s, key, depth):
+    """A new entry holding ``key``, the block at position ``depth`` of a prompt, referenced
+    once; returns its id."""
     entry = s.entry_stack[s.n_entry_stack - 1]
     s.n_entry_stack -= 1
     s.entry_hash[entry] = key
+    s.entry_depth[entry] = depth
     s.entry_ref[entry] = 1
     s.entry_seq[entry] = s.entry_counter
     s.entry_counter += 1
@@ -186,7 +223,7 @@ def insert_blocks(s, rid, full):
         key = hashes[start + k]
         entry = find_in(table, entry_hash, key)
         if entry == EMPTY:
-            entry = _new_entry(s, key)
+            entry = _new_entry(s, key, k)
         else:
             _reference(s, entry)
         ref_entry[start + k] = entry
@@ -231,6 +268,9 @@ def _remove(s, entry):
     s.entry_stack[s.n_entry_stack] = entry
     s.n_entry_stack += 1
     s.cache_entries -= 1
+    logged = s.cache_removals & (REMOVAL_LOG - 1)
+    s.removed_hash[logged] = s.entry_hash[entry]
+    s.removed_depth[logged] = s.entry_depth[entry]
     s.cache_removals += 1
 
 
@@ -274,7 +314,7 @@ def reclaim(s, k):
     s.cache_reclaimed += k
 
 
-@jit
+@jit(inline="always")
 def cached_blocks(s, rid):
     """Blocks of waiting ``rid``'s prefill found in the prefix cache now (0 with it off): what
     a policy sees of the cache, and what the engine will take when ``rid`` starts."""

@@ -35,7 +35,7 @@ from numba import objmode
 
 from replay.engine.jit import jit
 from replay.engine.policy import Batch, PolicyView, RunSetup
-from replay.engine.prefix_cache import count_cached
+from replay.engine.prefix_cache import lookup_hits_of
 from replay.engine.state import (
     DONE,
     DROPPED,
@@ -254,9 +254,9 @@ class PythonPolicy:
     """The Python side of the decision bridge: keeps the policy's read-only view up to date,
     asks the policy, checks its batch and writes it into the engine state."""
 
-    def __init__(self, policy, a: EngineArrays, kv_capacity: int, block: int, rng,
+    def __init__(self, policy, state, a: EngineArrays, kv_capacity: int, block: int, rng,
                  validate: bool) -> None:
-        self.policy, self.a, self.validate = policy, a, validate
+        self.policy, self.state, self.a, self.validate = policy, state, a, validate
         self.name = type(policy).__name__
         self.view = PolicyView(
             kv_capacity=kv_capacity, arrival=_frozen(a.arrival), prompt_len=_frozen(a.prompt_len),
@@ -274,11 +274,9 @@ class PythonPolicy:
         self._positions = _sealed(np.arange(1, a.status.size + 1, dtype=np.int64))
 
     def _cached_tokens(self, ids: np.ndarray) -> np.ndarray:
-        a, block = self.a, self.view.kv_block_size
-        return np.array([count_cached(a.hashes, a.hash_start[r], a.hash_count[r],
-                                      (a.prefill_len[r] - 1) // block, a.cache_table,
-                                      a.entry_hash) * block for r in ids.tolist()],
-                        dtype=np.int64)
+        ids = np.array(ids, dtype=np.int64)  # a copy: the lookup writes its answers there
+        lookup_hits_of(self.state, ids, 0, ids.size, ids)
+        return ids * self.view.kv_block_size
 
     def view_at(self, now, iteration, kv_held, qhead, qtail, n_run, next_arrival,
                 queue_version=-2, running_version=-2) -> PolicyView:

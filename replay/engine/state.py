@@ -118,9 +118,13 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     # may take it), this step's stamp and how many free entries it pinned
     ("entry_pin", I8), ("pin_stamp", int), ("pinned_free", int),
     # what each request's last lookup found: its chain of cached leading blocks (their
-    # entries in ref_entry), valid while no entry has been removed since (entries removed
-    # when it looked, against the running count)
-    ("lookup_chain", I8), ("lookup_removals", I8), ("cache_removals", int),
+    # entries in ref_entry), entries removed when it looked (against the running count,
+    # whose latest removals the log keeps: hash and block position), and whether the chain
+    # is complete while no entry has been added since (entry_counter then, else -1); each
+    # entry's block position; one id for a lookup of one request
+    ("lookup_chain", I8), ("lookup_removals", I8), ("lookup_inserts", I8),
+    ("cache_removals", int), ("removed_hash", I8), ("removed_depth", I8), ("entry_depth", I8),
+    ("lookup_one", I8),
     # -- the prefix cache's totals: reclaimed entries, blocks found and looked up at
     # admissions, tokens taken from the cache and prompt tokens admitted; and its log
     # columns (tokens taken from the cache by the iteration's admissions, entries after it)
