@@ -64,7 +64,7 @@ from replay.engine.phases import (
     stop_reason,
 )
 from replay.engine.policy import Policy, RunSetup
-from replay.engine.prefix_cache import REMOVAL_LOG
+from replay.engine.prefix_cache import LOOKUP_REMOVALS, REMOVAL_LOG
 from replay.engine.requests import Requests
 from replay.engine.results import RunResult, iteration_frame
 from replay.engine.rules import (
@@ -285,10 +285,11 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
     names = ("hashes", "ref_entry", "hash_start", "hash_count", "w_hash_start",
              "w_hash_count", "n_ref", "hit_blocks", "cached_tokens", "cache_table",
              "entry_hash", "entry_ref", "entry_prev", "entry_next", "entry_seq", "entry_stack",
-             "entry_pin", "entry_depth", "lookup_chain", "lookup_removals", "lookup_inserts",
-             "removed_hash", "removed_depth", "lookup_one")
+             "entry_pin", "entry_depth", "lookup_one")
     if kv.prefix_cache == "none":
-        return {name: np.zeros(0, dtype=np.int64) for name in names}
+        return {**{name: np.zeros(0, dtype=np.int64) for name in names},
+                "lookup_memo": np.zeros((3, 0), dtype=np.int64),
+                "removal_log": np.zeros((2, 0), dtype=np.int64)}
     block, n = kv.block_size, len(requests)
     hashes, offsets = requests.block_hashes(block, with_output=True)
     lists = [hashes[offsets[w]:offsets[w + 1]] for w in range(n)]
@@ -304,10 +305,8 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
     entries = kv.tokens // block + 1
     table = 1 << int(2 * entries).bit_length()
     arrays = {name: np.zeros(n, dtype=np.int64) for name in ("n_ref", "hit_blocks",
-                                                               "cached_tokens", "lookup_chain")}
+                                                               "cached_tokens")}
     arrays.update(
-        lookup_removals=np.full(n, -1, dtype=np.int64),  # never looked up
-        lookup_inserts=np.full(n, -1, dtype=np.int64),
         hashes=np.concatenate(lists) if n else np.zeros(0, np.int64),
         ref_entry=np.full(int(counts.sum()), -1, dtype=np.int64),
         w_hash_start=starts, w_hash_count=counts,
@@ -320,10 +319,11 @@ def prefix_cache_arrays(requests: Requests, order: np.ndarray | None,
         entry_seq=np.zeros(entries, dtype=np.int64), entry_pin=np.zeros(entries, np.int64),
         entry_stack=np.arange(entries - 1, -1, -1, dtype=np.int64),
         entry_depth=np.zeros(entries, dtype=np.int64),
-        removed_hash=np.zeros(REMOVAL_LOG, dtype=np.int64),
-        removed_depth=np.zeros(REMOVAL_LOG, dtype=np.int64),
         lookup_one=np.zeros(1, dtype=np.int64))
-    return {name: np.ascontiguousarray(arrays[name], dtype=np.int64) for name in names}
+    memo = np.zeros((3, n), dtype=np.int64)
+    memo[LOOKUP_REMOVALS:] = -1  # never looked up
+    return {**{name: np.ascontiguousarray(arrays[name], dtype=np.int64) for name in names},
+            "lookup_memo": memo, "removal_log": np.zeros((2, REMOVAL_LOG), dtype=np.int64)}
 
 
 def session_arrays(requests: Requests, lo: np.ndarray, hi: np.ndarray,

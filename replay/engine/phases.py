@@ -446,13 +446,15 @@ def price(s, timing, price_batch, price_decodes):
     # an admission's blocks found in the prefix cache are context, not computed (a step
     # without admissions, most of them, needs no look at each member's status)
     cache_hits = s.cache_on != 0 and s.n_start > 0
+    status, hit_blocks = s.status, s.hit_blocks  # read once: each read of a record's array
+    # takes and drops a reference
     s.step_hit_tokens = 0
     prefill_total = 0
     context_sum = 0
     context_max = 0
     for i in range(m):
         rid = members[i]
-        skip = s.hit_blocks[rid] * block if cache_hits and s.status[rid] == WAITING else 0
+        skip = hit_blocks[rid] * block if cache_hits and status[rid] == WAITING else 0
         c = prefill_len[rid] - prefilled[rid] - skip
         if chunk_of[rid] > 0:
             c = chunk_of[rid]
@@ -486,8 +488,8 @@ def price(s, timing, price_batch, price_decodes):
                 new_tokens[i] = 1
             else:
                 remaining = prefill_len[rid] - prefilled[rid]
-                if cache_hits and s.status[rid] == WAITING:
-                    remaining -= s.hit_blocks[rid] * block
+                if cache_hits and status[rid] == WAITING:
+                    remaining -= hit_blocks[rid] * block
                 is_prefill[i] = remaining > 0
                 if remaining > 0:
                     n_prefill += 1

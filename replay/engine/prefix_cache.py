@@ -32,6 +32,11 @@ EMPTY = -1
 #: The latest removals the lookups' memo keeps (a power of two): a request not looked up for
 #: more removals than this walks its chain again from the start.
 REMOVAL_LOG = 4096
+#: Rows of ``EngineState.lookup_memo`` (one array, so a lookup reads one array, not three):
+#: the chain found, ``cache_removals`` then (-1: never looked up), and ``entry_counter`` then
+#: if the chain ended at a missing block (else -1). Rows of ``removal_log``: hash, position.
+LOOKUP_CHAIN, LOOKUP_REMOVALS, LOOKUP_INSERTS = 0, 1, 2
+LOGGED_HASH, LOGGED_DEPTH = 0, 1
 
 
 @jit(inline="always")
@@ -138,36 +143,35 @@ def lookup_hits_of(s, ids, first, n, hits):
     per step measured as most of its cost."""
     hash_start, hash_count, prefill_len, block = s.hash_start, s.hash_count, s.prefill_len, s.block
     hashes, ref_entry, table, entry_hash = s.hashes, s.ref_entry, s.cache_table, s.entry_hash
-    chains, removals_seen, inserts_seen = s.lookup_chain, s.lookup_removals, s.lookup_inserts
-    removed_hash, removed_depth = s.removed_hash, s.removed_depth
+    memo, log = s.lookup_memo, s.removal_log
     removals, inserts = s.cache_removals, s.entry_counter
     for i in range(n):
         rid = ids[first + i]
         start = hash_start[rid]
-        chain = chains[rid]
-        seen = removals_seen[rid]
+        chain = memo[LOOKUP_CHAIN, rid]
+        seen = memo[LOOKUP_REMOVALS, rid]
         if seen != removals:
             if removals - seen > REMOVAL_LOG or seen < 0:
                 chain = 0
             else:
                 for j in range(seen, removals):
-                    depth = removed_depth[j & (REMOVAL_LOG - 1)]
-                    if (depth < chain
-                            and hashes[start + depth] == removed_hash[j & (REMOVAL_LOG - 1)]):
+                    depth = log[LOGGED_DEPTH, j & (REMOVAL_LOG - 1)]
+                    if depth < chain and hashes[start + depth] == log[LOGGED_HASH,
+                                                                      j & (REMOVAL_LOG - 1)]:
                         chain = depth
-            if chain < chains[rid]:
-                inserts_seen[rid] = -1
-            removals_seen[rid] = removals
+            if chain < memo[LOOKUP_CHAIN, rid]:
+                memo[LOOKUP_INSERTS, rid] = -1
+            memo[LOOKUP_REMOVALS, rid] = removals
         limit = hit_limit(hash_count[rid], prefill_len[rid], block)
-        if inserts_seen[rid] != inserts:
+        if memo[LOOKUP_INSERTS, rid] != inserts:
             while chain < limit:  # the walk: each next block's hash, until one is missing
                 entry = find_in(table, entry_hash, hashes[start + chain])
                 if entry == EMPTY:
                     break
                 ref_entry[start + chain] = entry
                 chain += 1
-            inserts_seen[rid] = inserts if chain < limit else -1
-        chains[rid] = chain
+            memo[LOOKUP_INSERTS, rid] = inserts if chain < limit else -1
+        memo[LOOKUP_CHAIN, rid] = chain
         hits[i] = min(chain, limit)
 
 
@@ -268,9 +272,9 @@ def _remove(s, entry):
     s.entry_stack[s.n_entry_stack] = entry
     s.n_entry_stack += 1
     s.cache_entries -= 1
-    logged = s.cache_removals & (REMOVAL_LOG - 1)
-    s.removed_hash[logged] = s.entry_hash[entry]
-    s.removed_depth[logged] = s.entry_depth[entry]
+    log, logged = s.removal_log, s.cache_removals & (REMOVAL_LOG - 1)
+    log[LOGGED_HASH, logged] = s.entry_hash[entry]
+    log[LOGGED_DEPTH, logged] = s.entry_depth[entry]
     s.cache_removals += 1
 
 

@@ -117,14 +117,13 @@ ENGINE_FIELDS: tuple[tuple[str, object], ...] = (
     # the step each entry was last pinned in (an admission of that step found it: no reclaim
     # may take it), this step's stamp and how many free entries it pinned
     ("entry_pin", I8), ("pin_stamp", int), ("pinned_free", int),
-    # what each request's last lookup found: its chain of cached leading blocks (their
-    # entries in ref_entry), entries removed when it looked (against the running count,
-    # whose latest removals the log keeps: hash and block position), and whether the chain
-    # is complete while no entry has been added since (entry_counter then, else -1); each
-    # entry's block position; one id for a lookup of one request
-    ("lookup_chain", I8), ("lookup_removals", I8), ("lookup_inserts", I8),
-    ("cache_removals", int), ("removed_hash", I8), ("removed_depth", I8), ("entry_depth", I8),
-    ("lookup_one", I8),
+    # what each request's last lookup found (rows of lookup_memo, see prefix_cache): its
+    # chain of cached leading blocks (their entries in ref_entry), entries removed when it
+    # looked (against the running count, whose latest removals removal_log keeps: hash and
+    # block position), and whether the chain is complete while no entry has been added
+    # since; each entry's block position; one id for a lookup of one request
+    ("lookup_memo", (I8, 2)), ("cache_removals", int), ("removal_log", (I8, 2)),
+    ("entry_depth", I8), ("lookup_one", I8),
     # -- the prefix cache's totals: reclaimed entries, blocks found and looked up at
     # admissions, tokens taken from the cache and prompt tokens admitted; and its log
     # columns (tokens taken from the cache by the iteration's admissions, entries after it)
@@ -223,10 +222,11 @@ def new_engine_state(**values) -> EngineState:
 
 
 def state_array_names() -> tuple[str, ...]:
-    """The 1-D array fields of :data:`ENGINE_FIELDS` other than the log and the histogram's:
-    the per-request arrays and buffers the engine makes for a run."""
+    """The array fields of :data:`ENGINE_FIELDS` other than the log and the histogram's: the
+    per-request arrays and buffers the engine makes for a run."""
     return tuple(name for name, kind in ENGINE_FIELDS
-                 if kind in (I8, F8, B1, I1) and not name.startswith(("log_", "gap_")))
+                 if (kind in (I8, F8, B1, I1) or isinstance(kind, tuple))
+                 and not name.startswith(("log_", "gap_")))
 
 
 def blank_engine_fields(n: int) -> dict:
