@@ -116,9 +116,10 @@ def nested_wait_decide(s, rule):
         late = False
         if rule.floats[0] != 0.0:
             cutoff = s.now - rule.floats[1]
-            late = tail > head and s.arrival[queue[head]] < cutoff
+            arrival = s.arrival
+            late = tail > head and arrival[queue[head]] < cutoff
             for k in range(n_run):
-                if s.arrival[running[k]] < cutoff:
+                if arrival[running[k]] < cutoff:
                     late = True
         for i in range(segments):  # segments open in order
             if not (late or entry[i] >= per_stage[i]):
@@ -131,19 +132,21 @@ def nested_wait_decide(s, rule):
     # per stage, in one pass over the running set in id order.
     counted = np.zeros(top + 1, dtype=np.int64)
     n_advance = 0
+    advance = s.advance
     for k in range(n_run):
         if not is_open[segment[k]]:
             continue
         rid = running[k]
         stage = generated[rid]
         if counted[stage] < per_stage[segment[k]]:
-            s.advance[n_advance] = rid
+            advance[n_advance] = rid
             n_advance += 1
         counted[stage] += 1
     s.n_advance = n_advance
     n_start = min(per_stage[0], tail - head) if is_open[0] else 0
+    start = s.start
     for k in range(n_start):
-        s.start[k] = queue[head + k]
+        start[k] = queue[head + k]
     s.n_start = n_start
     return 0
 

@@ -62,21 +62,23 @@ def paper_fcfs_decide(s, rule):
     # Admission: greedy against what the running set holds now (alpha = 0).
     admitted = 0
     n_start = 0
+    start = s.start
     for q in range(s.qhead, s.qtail):
         need = admitted + blocks(prefill_len[queue[q]] + 1, block)
         if need > free:
             break
         admitted = need
-        s.start[n_start] = queue[q]
+        start[n_start] = queue[q]
         n_start += 1
     s.n_start = n_start
     # The next iteration: every running request processes what remains of its prompt
     # (nothing, once prefilled) and emits one token.
     after, latest = s.scratch, s.scratch2
+    start_iteration = s.start_iteration
     for k in range(n_run):
         rid = running[k]
         after[k] = blocks(held[rid] + prefill_len[rid] - prefilled[rid] + 1, block)
-        latest[k] = s.start_iteration[rid]
+        latest[k] = start_iteration[rid]
     excess = admitted - capacity + attribute_to_victims(s, running, n_run, after,
                                                         capacity - admitted)
     for k in range(n_run):
@@ -101,12 +103,13 @@ def paper_fcfs_decide(s, rule):
             break
     n_advance = 0
     n_preempt = 0
+    advance, preempt = s.advance, s.preempt
     for k in range(n_run):
         if evicted[k]:
-            s.preempt[n_preempt] = running[k]
+            preempt[n_preempt] = running[k]
             n_preempt += 1
         else:
-            s.advance[n_advance] = running[k]
+            advance[n_advance] = running[k]
             n_advance += 1
     s.n_advance, s.n_preempt = n_advance, n_preempt
     return 0

@@ -104,6 +104,7 @@ def vllm_v1_decide(s, rule):
     n_live = s.n_run
     n_advance = 0
     n_preempt = 0
+    advance, preempt, start = s.advance, s.preempt, s.start
     i = 0
     while i < n_live and budget > 0:
         rid = running[i]
@@ -114,7 +115,7 @@ def vllm_v1_decide(s, rule):
         while needed > free:
             n_live -= 1
             victim = running[n_live]
-            s.preempt[n_preempt] = victim
+            preempt[n_preempt] = victim
             n_preempt += 1
             free += blocks_freed_by(s, victim) if s.cache_on else blocks(held[victim], block)
             if victim == rid:
@@ -122,7 +123,7 @@ def vllm_v1_decide(s, rule):
                 break
         if itself:
             break
-        s.advance[n_advance] = rid
+        advance[n_advance] = rid
         n_advance += 1
         if tokens < remaining:
             give_chunk(s, rid, tokens)
@@ -147,7 +148,7 @@ def vllm_v1_decide(s, rule):
             needed = _new_blocks(held[rid] + skip, tokens, remaining, block) + taken
             if needed > free:
                 break
-            s.start[n_start] = rid
+            start[n_start] = rid
             n_start += 1
             if tokens < remaining:
                 give_chunk(s, rid, tokens)

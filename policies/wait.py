@@ -98,16 +98,18 @@ def _ranked_advance(s, rule, ready, running, n_run):
             active[n_active] = running[k]
             n_active += 1
     limits = np.empty(n_active, dtype=np.int64)
+    multiplier = rule.ints[MULTIPLIER]
     for k in range(n_active):
         rid = active[k]
-        keys[k] = type_id[rid] * rule.ints[MULTIPLIER] + generated[rid]
+        keys[k] = type_id[rid] * multiplier + generated[rid]
         limits[k] = per_stage[type_id[rid]]
     keep = rule.marks
     first_per_group(keys, limits, n_active, keep)
     n_advance = 0
+    advance = s.advance
     for k in range(n_active):
         if keep[k]:
-            s.advance[n_advance] = active[k]
+            advance[n_advance] = active[k]
             n_advance += 1
     return n_advance
 
@@ -145,10 +147,11 @@ def wait_decide(s, rule):
     params[BY_ID] = n_run
     count = rule.counts
     if params[ALL_TYPED]:  # the waiting requests per type, kept as they join and start
+        joined, started = s.joined, s.started
         for i in range(s.n_joined):
-            count[type_id[s.joined[i]]] += 1
+            count[type_id[joined[i]]] += 1
         for i in range(s.n_started):
-            count[type_id[s.started[i]]] -= 1
+            count[type_id[started[i]]] -= 1
     else:
         for q in range(head, tail):
             if type_id[queue[q]] < 0 or type_id[queue[q]] >= types:
@@ -190,6 +193,7 @@ def wait_decide(s, rule):
             wanted += min(take[t], count[t])
     taken = np.zeros(types, dtype=np.int64)
     n_start = 0
+    start, advance = s.start, s.advance
     for q in range(head, tail):
         if n_start == wanted:
             break
@@ -197,7 +201,7 @@ def wait_decide(s, rule):
         t = type_id[rid]
         if ready[t] and taken[t] < take[t]:
             taken[t] += 1
-            s.start[n_start] = rid
+            start[n_start] = rid
             n_start += 1
     s.n_start = n_start
     if params[PER_TYPE]:  # no per-stage cap: every request in flight of a ready type runs
@@ -207,7 +211,7 @@ def wait_decide(s, rule):
         n_advance = 0
         for k in range(n_run):
             if ready[type_id[running[k]]]:
-                s.advance[n_advance] = running[k]
+                advance[n_advance] = running[k]
                 n_advance += 1
         s.n_advance = n_advance
         return 0
@@ -228,7 +232,7 @@ def wait_decide(s, rule):
             s.n_advance = _ranked_advance(s, rule, ready, running, n_run)
             return 0
         if counted[key] < per_stage[t]:
-            s.advance[n_advance] = rid
+            advance[n_advance] = rid
             n_advance += 1
         counted[key] += 1
     s.n_advance = n_advance

@@ -148,13 +148,14 @@ def prefill_first(s, rule, candidates, n_candidates):
         return 0
     n_advance = 0
     n_preempt = 0
+    advance, preempt = s.advance, s.preempt
     for k in range(n_run):
         rid = running[k]
         if rid >= cut:
-            s.preempt[n_preempt] = rid
+            preempt[n_preempt] = rid
             n_preempt += 1
         else:
-            s.advance[n_advance] = rid
+            advance[n_advance] = rid
             n_advance += 1
     s.n_advance, s.n_preempt = n_advance, n_preempt
     return 0

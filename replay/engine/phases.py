@@ -623,6 +623,7 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
     members, chunk, gain = s.members, s.chunk, s.gain
     prefill_len, prefilled, generated, held = s.prefill_len, s.prefilled, s.generated, s.held
     last_token_time, max_token_gap = s.last_token_time, s.max_token_gap
+    output_len, first_token_time = s.output_len, s.first_token_time
     gaps, finished = s.float_scratch, s.scratch
     n_gaps = np.int64(0)
     n_finished = np.int64(0)
@@ -644,14 +645,15 @@ def execute(s, duration, kv_peak, prefill_total, n_decode, decode_only, gain_tot
         emitters += 1
         tokens = generated[rid]
         if not decode_only and tokens == 1:
-            s.first_token_time[rid] = end
+            first_token_time[rid] = end
         else:
             gap = end - last_token_time[rid]
             gaps[n_gaps] = gap
             n_gaps += 1
             max_token_gap[rid] = np.fmax(max_token_gap[rid], gap)
         last_token_time[rid] = end
-        if tokens == s.output_len[rid]:
+        if tokens == output_len[rid]:  # (a record's array read in a loop would take and
+            # drop a reference per member)
             finished[n_finished] = rid
             n_finished += 1
     s.kv_held += gain_total

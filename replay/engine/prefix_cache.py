@@ -115,9 +115,10 @@ def _reference(s, entry):
 def lookup_hits(s, rid):
     """How many leading blocks of waiting ``rid``'s prefill are cached now (at least one
     prompt token is left to compute): :func:`lookup_hits_of` for one request."""
+    # most chat prompts are shorter than a block and a token: no need to read the dozen
+    # arrays of a lookup
     if hit_limit(s.hash_count[rid], s.prefill_len[rid], s.block) == 0:
-        return 0  # (most chat prompts: shorter than a block and a token) without reading
-        # the dozen arrays of a lookup
+        return 0
     one = s.lookup_one
     one[0] = rid
     lookup_hits_of(s, one, 0, 1, one)
