@@ -95,7 +95,7 @@ def profile_into(ids, n, prompt_len, generated, estimate, base, remaining):
     return total
 
 
-@jit
+@jit(inline="always")
 def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held, prompt_len,
                      prefill_len, generated, estimate, running, n_run, start, base, remaining,
                      order_key, hint, iteration, cache):
