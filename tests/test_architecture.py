@@ -80,6 +80,66 @@ def test_every_module_with_compiled_functions_keys_the_compile_cache():
     assert compiled | {"replay/engine/jit.py"} == set(JIT_SOURCES)
 
 
+def _tree_facts():
+    from replay.engine.jit import CACHE_DIR, _source_facts
+
+    return _source_facts(CACHE_DIR)
+
+
+def test_each_compiled_module_is_keyed_by_every_module_of_the_tree_it_imports():
+    """A compiled module's cache key covers every module of the tree it imports, directly or
+    not, compiled or not (a compiled function freezes the constants it reads): the same as
+    grimp's import graph finds, and the package ``__init__`` files an import runs."""
+    import grimp
+
+    from replay.engine.jit import JIT_SOURCES, module_name, reached_sources
+
+    graph = grimp.build_graph("replay", "policies", "traces")
+    reached = reached_sources(_tree_facts())
+    for name in JIT_SOURCES:
+        found = graph.find_upstream_modules(module_name(name))
+        assert found <= {module_name(other) for other in reached[name]}, name
+        extra = {other for other in reached[name] - {name} if module_name(other) not in found}
+        assert all(other.endswith("/__init__.py") for other in extra), (name, extra)
+    assert "replay/timing/vidur_tables.py" in reached["replay/timing/vidur_pricing.py"]
+
+
+def test_an_edit_changes_the_keys_of_the_modules_that_import_it_and_no_other():
+    """The loop imports no policy or timing backend (it calls them through function
+    pointers): a policy's edit changes that policy's key alone, a shared helper's those of
+    the policies that call it; an edit of the state record changes the key of every module
+    that reads it, and one of the decorator every key."""
+    from replay.engine.jit import module_keys
+
+    facts = _tree_facts()
+    keys = module_keys(facts)
+    assert len(set(keys.values())) == len(keys)
+
+    def keys_after_editing(name):
+        return module_keys(facts | {name: ("edited", facts[name][1])})
+
+    fcfs = keys_after_editing("policies/fcfs.py")
+    assert {name for name in keys if fcfs[name] != keys[name]} == {"", "policies/fcfs.py"}
+    lookahead = keys_after_editing("policies/common/lookahead.py")
+    assert {name for name in keys if lookahead[name] != keys[name]} == {
+        "", "policies/common/lookahead.py", "policies/fcfs.py", "policies/mcsf.py"}
+    state = keys_after_editing("replay/engine/state.py")
+    # the helpers that take arrays and scalars, not the record, keep theirs
+    assert {name for name in keys if state[name] == keys[name]} == {
+        "replay/engine/jit.py", "replay/engine/sorting.py", "replay/engine/paging.py",
+        "replay/engine/numeric.py", "replay/engine/histogram.py",
+        "replay/engine/prefix_cache.py", "replay/engine/sessions.py",
+        "replay/timing/grid_lookup.py", "replay/timing/vidur_pricing.py",
+        "replay/timing/layer_profile_step.py", "replay/timing/aiconfigurator_step.py",
+        "policies/common/lookahead.py", "policies/common/serving.py"}
+    # a module without compiled code whose constants a compiled one freezes
+    tables = keys_after_editing("replay/timing/vidur_tables.py")
+    assert {name for name in keys if tables[name] != keys[name]} == {
+        "", "replay/timing/vidur_pricing.py"}
+    jit = keys_after_editing("replay/engine/jit.py")  # the decorator: every key
+    assert all(jit[name] != keys[name] for name in keys)
+
+
 @pytest.mark.slow
 def test_a_policys_rule_changed_in_its_module_changes_a_default_run(tmp_path):
     """One source per rule: a copy of the tree whose FCFS decision (policies/fcfs.py, the
@@ -94,11 +154,17 @@ def test_a_policys_rule_changed_in_its_module_changes_a_default_run(tmp_path):
     assert edited != text
     fcfs.write_text(edited)
 
-    def tel(root: Path, cache: Path) -> float:
+    cache = tmp_path / "numba"
+
+    def run(root: Path, name: str) -> tuple[float, str]:
         env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(cache)}
         done = subprocess.run([sys.executable, "-m", "replay", "workload.n=200",
-                               f"hydra.run.dir={cache / 'run'}"], cwd=root, env=env,
+                               f"hydra.run.dir={tmp_path / name}"], cwd=root, env=env,
                               capture_output=True, text=True, timeout=900, check=True)
-        return json.loads(done.stdout.splitlines()[-1])["tel"]
+        return json.loads(done.stdout.splitlines()[-1])["tel"], done.stdout + done.stderr
 
-    assert tel(tmp_path, tmp_path / "edited") != tel(REPO, tmp_path / "original")
+    original, _ = run(REPO, "original")
+    edited, said = run(tmp_path, "edited")
+    assert edited != original
+    # the shared cache holds the original's loop: the edit compiles the decision alone
+    assert "kvsched: compiled fcfs_decide in " in said, said

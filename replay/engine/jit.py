@@ -6,15 +6,19 @@ compiled by numba with :func:`jit`. They are compiled once per machine and kept 
 cache; a run loads them in a fraction of a second.
 
 numba keys a cached function by its own source file only, so a caller cached before an
-edit of a callee in another file would load stale machine code. Every compiled function
-of kvsched is therefore cached in one folder named by a hash of all the sources that
-define compiled functions (:data:`JIT_SOURCES`; a test keeps the list complete): an edit
-of any of them starts a fresh folder, an edit of any other file costs nothing. The hash is
-of each source's code as Python parses it, without its docstrings (:func:`code_digest`),
+edit of a callee in another file would load stale machine code. Each module that defines
+compiled functions (:data:`JIT_SOURCES`; a test keeps the list complete) is therefore cached
+in a folder of its own, named by a hash of its code and of the code of every such module it
+imports, directly or through another (:func:`module_keys`): an edit of a module starts fresh
+folders for it and for the modules that import it, and nothing else compiles again. The
+step loop reaches policies and timing backends only through function pointers and imports
+none of them, so editing a policy compiles that policy's decision, not the loop. The hash
+is of each source's code as Python parses it, without its docstrings (:func:`code_digest`),
 so editing a comment, a docstring or the layout of a compiled module recompiles nothing;
 numba's own check of a function's file (its bytes, and its line number in the index's
-name) is replaced by that hash for these modules (:class:`ContentLocator`). The folder
-is ``$NUMBA_CACHE_DIR`` if set, else ``numba/`` in kvsched's per-user cache folder.
+name) is replaced by that hash for these modules (:class:`ContentLocator`). The folders are
+in ``$NUMBA_CACHE_DIR`` if set, else in ``numba/`` in kvsched's per-user cache folder; they
+do not depend on where the sources are, so two checkouts of the same code share them.
 
 numba rewrites a function's cache index whole (read, add, write), so two processes saving
 into one index at once could lose each other's entry; :func:`compile_lock` lets one process
@@ -75,35 +79,76 @@ def code_digest(source: bytes) -> str:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
-#: The definition of :func:`code_digest` (raise it when that changes).
-CODE_DIGEST_VERSION = 1
+def imported_modules(source: bytes) -> list[str]:
+    """Every module an import statement anywhere in ``source`` (a deferred one too) may
+    name: ``a.b`` for ``import a.b``, and ``a`` and ``a.b`` for ``from a import b`` (``b``
+    may be a module or a name in ``a``). Relative imports are not followed: the tree
+    imports absolutely (ruff's ``TID252`` checks)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return sorted(names)
 
-#: How many source versions' code digests :func:`_code_digests` keeps on disk.
-MAX_RECORDED_DIGESTS = 4096
+
+#: The definition of the facts :func:`_source_facts` records (raise it when that changes).
+SOURCE_FACTS_VERSION = 2
+
+#: How many source versions' facts :func:`_source_facts` keeps on disk.
+MAX_RECORDED_SOURCES = 4096
 
 
-def _code_digests(root: str) -> dict[str, str]:
-    """:func:`code_digest` of each of :data:`JIT_SOURCES`. Parsing them all would cost every
-    run a few tenths of a second, so the digests are kept in ``root`` by each file's SHA-256
-    and only a file edited since is parsed again (a lost or torn record is recomputed)."""
-    # named by the digest's version: a record of another definition of it is not read
-    record = Path(root) / f"code-digests-{CODE_DIGEST_VERSION}.json"
+#: The packages of the tree whose modules key the cache when a compiled module imports them.
+PROJECT_PACKAGES = ("replay", "policies", "traces")
+
+
+def _project_file(module: str) -> str | None:
+    """The file of the tree that defines ``module``, or None (another library's module, or
+    a name in a module rather than a module)."""
+    if module.partition(".")[0] not in PROJECT_PACKAGES:
+        return None
+    path = module.replace(".", "/")
+    for name in (f"{path}.py", f"{path}/__init__.py"):
+        if (_ROOT / name).is_file():
+            return name
+    return None
+
+
+def _source_facts(root: str) -> dict[str, tuple[str, list[str]]]:
+    """For each of :data:`JIT_SOURCES` and every module of the tree they import, directly
+    or not, its :func:`code_digest` and the files of the tree it imports. Parsing them all
+    would cost every run a few tenths of a second, so the facts are kept in ``root`` by each
+    file's SHA-256 and only a file edited since is parsed again (a lost or torn record is
+    recomputed)."""
+    # named by the facts' version: a record of another definition of them is not read
+    record = Path(root) / f"source-facts-{SOURCE_FACTS_VERSION}.json"
     try:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
         known = {}
     if not isinstance(known, dict):
         known = {}
-    digests, file_hashes, parsed = {}, [], False
-    for name in JIT_SOURCES:
+    facts, file_hashes, parsed, pending = {}, [], False, list(JIT_SOURCES)
+    while pending:
+        name = pending.pop()
+        if name in facts:
+            continue
         source = (_ROOT / name).read_bytes()
         file_hashes.append(file_hash := hashlib.sha256(source).hexdigest())
-        if not isinstance(known.get(file_hash), str):
-            known[file_hash], parsed = code_digest(source), True
-        digests[name] = known[file_hash]
+        fact = known.get(file_hash)
+        if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[0], str)
+                and isinstance(fact[1], list)):
+            imported = {_project_file(module) for module in imported_modules(source)}
+            known[file_hash] = [code_digest(source), sorted(imported - {None, name})]
+            parsed = True
+        facts[name] = (known[file_hash][0], known[file_hash][1])
+        pending.extend(facts[name][1])
     if parsed:
         # Every version seen is kept (going back to a branch parses nothing), up to a bound.
-        kept = known if len(known) <= MAX_RECORDED_DIGESTS else {
+        kept = known if len(known) <= MAX_RECORDED_SOURCES else {
             h: known[h] for h in file_hashes}
         with contextlib.suppress(OSError):  # an unwritable cache: parse again next time
             record.parent.mkdir(parents=True, exist_ok=True)
@@ -111,49 +156,84 @@ def _code_digests(root: str) -> dict[str, str]:
                                              suffix=".tmp") as tmp:
                 json.dump(kept, tmp)
             os.replace(tmp.name, record)
-    return digests
+    return facts
 
 
-def _cache_dir() -> tuple[str, str]:
-    root = os.path.expanduser(os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
-        os.environ.get("KVSCHED_CACHE_DIR")
-        or platformdirs.user_cache_dir("kvsched", appauthor=False), "numba"))
-    digest = hashlib.sha256()
-    for name, code in _code_digests(root).items():
-        digest.update(f"{name}\0{code}\0".encode())
-    key = digest.hexdigest()[:16]
-    return os.path.join(root, f"kvsched-{key}"), key
+def module_name(source: str) -> str:
+    """The module a file of the tree defines (``replay/engine/loop.py`` ->
+    ``replay.engine.loop``, ``replay/timing/__init__.py`` -> ``replay.timing``)."""
+    return source.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
-#: The disk cache folder of every compiled function, and the hash of the compiled modules'
-#: code that names it, fixed when this module is imported (the sources may change on disk
-#: while a process runs).
-CACHE_DIR, CODE_KEY = _cache_dir()
-_SOURCE_FILES = frozenset(os.path.realpath(_ROOT / name) for name in JIT_SOURCES)
+def reached_sources(facts: dict[str, tuple[str, list[str]]]) -> dict[str, set[str]]:
+    """Each file of ``facts`` (as :func:`_source_facts` gives them) with every file it
+    imports, directly or through another."""
+    reached_by = {}
+    for name in facts:
+        reached, pending = {name}, [name]
+        while pending:
+            for other in set(facts[pending.pop()][1]) - reached:
+                reached.add(other)
+                pending.append(other)
+        reached_by[name] = reached
+    return reached_by
+
+
+def module_keys(facts: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
+    """Each of :data:`JIT_SOURCES`' cache key: a hash of the code digests of the files it
+    reaches (:func:`reached_sources`; a compiled function may freeze a constant of a module
+    without compiled code); ``""`` keys the code of all of them, for compiled functions
+    defined elsewhere (a user's policy calling the engine's helpers)."""
+
+    def key(sources) -> str:
+        digest = hashlib.sha256()
+        for name in sorted(sources):
+            digest.update(f"{name}\0{facts[name][0]}\0".encode())
+        return digest.hexdigest()[:16]
+
+    reached = reached_sources(facts)
+    return {"": key(facts)} | {name: key(reached[name]) for name in JIT_SOURCES}
+
+
+#: The root of the disk cache: ``$NUMBA_CACHE_DIR`` if set, else ``numba/`` in kvsched's
+#: per-user cache folder.
+CACHE_DIR = os.path.expanduser(os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+    os.environ.get("KVSCHED_CACHE_DIR")
+    or platformdirs.user_cache_dir("kvsched", appauthor=False), "numba"))
+#: Each compiled module's cache key (:func:`module_keys`), fixed when this module is
+#: imported (the sources may change on disk while a process runs).
+MODULE_KEYS = module_keys(_source_facts(CACHE_DIR))
+#: The folder of compiled functions defined outside :data:`JIT_SOURCES`, keyed by all of them.
+OTHER_FUNCTIONS_DIR = os.path.join(CACHE_DIR, f"kvsched-{MODULE_KEYS['']}")
+_SOURCE_OF_FILE = {os.path.realpath(_ROOT / name): name for name in JIT_SOURCES}
 
 
 class ContentLocator(UserProvidedCacheLocator):
-    """numba's locator for a cache folder of one's own (:data:`CACHE_DIR`), whose check that
-    a cached function is current is the hash of the compiled modules' code
-    (:data:`CODE_KEY`, which also names the folder) rather than the bytes of the function's
-    file, and whose index is named without the function's line number: an edit that leaves
-    the code unchanged (a comment, a docstring, a blank line) keeps every cached function.
-    Functions in other files keep numba's own check."""
+    """numba's locator for kvsched's cache folders. A function of a module of
+    :data:`JIT_SOURCES` is cached in a folder named by the module and its key
+    (:data:`MODULE_KEYS`), which is also the check that a cached function is current (in
+    place of the bytes of its file), and its index is named without its line number: an edit
+    that leaves the code unchanged (a comment, a docstring, a blank line) keeps every cached
+    function. Functions in other files are cached under :data:`OTHER_FUNCTIONS_DIR` with
+    numba's own check."""
 
     def __init__(self, py_func, py_file):
         super().__init__(py_func, py_file)
         self._code = py_func.__code__.co_code + repr(py_func.__code__.co_names).encode()
-
-    def _is_source(self) -> bool:
-        return os.path.realpath(self._py_file) in _SOURCE_FILES
+        self._source = _SOURCE_OF_FILE.get(os.path.realpath(py_file))
+        if self._source is not None:
+            self._cache_path = os.path.join(
+                CACHE_DIR, f"{module_name(self._source)}-{MODULE_KEYS[self._source]}")
 
     def get_source_stamp(self):
-        return CODE_KEY if self._is_source() else super().get_source_stamp()
+        if self._source is None:
+            return super().get_source_stamp()
+        return MODULE_KEYS[self._source]
 
     def get_disambiguator(self):
         # The index is named by the function's qualified name and this: two functions of one
         # name in a module (a redefinition) still differ by their bytecode.
-        if not self._is_source():
+        if self._source is None:
             return super().get_disambiguator()
         return hashlib.sha256(self._code).hexdigest()[:8]
 
@@ -166,13 +246,13 @@ LOCATORS = (f"{__name__}.{ContentLocator.__name__},InTreeCacheLocator,UserWideCa
 
 
 def jit(function=None, **options):
-    """``numba.njit(cache=True)`` in :data:`CACHE_DIR` (numba reads its cache setting when it
-    decorates). ``options`` go to numba (``inline="always"`` for helpers so small that a
-    call would cost more than their body)."""
+    """``numba.njit(cache=True)`` in kvsched's cache folders (:class:`ContentLocator`; numba
+    reads its cache setting when it decorates). ``options`` go to numba (``inline="always"``
+    for helpers so small that a call would cost more than their body)."""
 
     def decorate(function):
         saved = numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES
-        numba.config.CACHE_DIR = CACHE_DIR
+        numba.config.CACHE_DIR = OTHER_FUNCTIONS_DIR
         numba.config.CACHE_LOCATOR_CLASSES = LOCATORS
         try:
             return numba.njit(cache=True, **options)(function)
@@ -199,7 +279,7 @@ def compile_lock():
             lock.release()
 
 
-def compiled_from_scratch(dispatchers) -> bool:
-    """Whether any of ``dispatchers`` was compiled in this process rather than loaded from
-    the disk cache (numba counts both)."""
-    return any(d.stats.cache_misses for d in dispatchers)
+def compiled_from_scratch(dispatchers) -> list:
+    """Those of ``dispatchers`` compiled in this process rather than loaded from the disk
+    cache (numba counts both)."""
+    return [d for d in dispatchers if d.stats.cache_misses]

@@ -263,10 +263,10 @@ def ensure_compiled(rules) -> float:
     run_steps.disable_compile()
     seconds = time.perf_counter() - started
     functions = [f for f, _ in missing]
-    if compiling.compiled_from_scratch(functions):
-        log.warning("kvsched: compiled %s in %.1f s, once: later runs load them from the "
-                    "disk cache (%s)", ", ".join(f.__name__ for f in functions), seconds,
-                    compiling.CACHE_DIR)
+    if compiled := compiling.compiled_from_scratch(functions):
+        log.warning("kvsched: compiled %s in %.1f s, once: later runs load %s from the "
+                    "disk cache (%s)", ", ".join(f.__name__ for f in compiled), seconds,
+                    "them" if len(compiled) > 1 else "it", compiling.CACHE_DIR)
     _ready.update(functions)
     return seconds
 
