@@ -11,10 +11,11 @@ built-in policy and timing configs), each for the one signature the loop calls i
 Nothing is instantiated, so no data is read (Vidur's backend compiles without its
 profiles). Already cached functions only load.
 
-The rules are shared out over ``--jobs`` processes (default: the machine's cores). The
-cache's lock (:func:`replay.engine.jit.compile_lock`) lets one process at a time compile
-into the cache folder, so the processes mostly overlap their start-up and loading, not
-the compiling itself.
+The loop and the rules are shared out over ``--jobs`` processes (default: the machine's
+cores), which compile at once: this command holds the cache's lock
+(:func:`replay.engine.jit.compile_lock`) for all of them, so a run started meanwhile waits
+and then loads. Two processes may both compile a helper that rules of both call (numba
+keeps whichever saves last); each module's functions are cached in a folder of their own.
 """
 
 from __future__ import annotations
@@ -80,21 +81,39 @@ def rule_names() -> list[tuple[str, str, str]]:
     return sorted(names)
 
 
-def compile_rules(names: list[tuple[str, str, str]]) -> float:
-    """Compile (or load) the step loop and the rules ``names`` in this process; the seconds
-    it took."""
-    from replay.engine.loop import ensure_compiled
+def compile_share(names: list[tuple[str, str, str]], with_loop: bool) -> None:
+    """Compile (or load) the rules ``names``, and the step loop first if ``with_loop``, in
+    this process, without taking the cache's lock: :func:`main` holds it for every process."""
+    from replay.engine.loop import AROUND_THE_LOOP, RUN_STEPS_SIGNATURE, run_steps
     from replay.engine.state import DECIDE, EVICT, PRICE, PRICE_DECODES
 
     signature_of = {"decision": DECIDE, "evict_victims": EVICT, "price_batch": PRICE,
                     "price_decodes": PRICE_DECODES}
-    rules = []
+    functions = [(run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP] if with_loop else []
     for module, qualname, attribute in names:
         owner = importlib.import_module(module)
         for part in qualname.split("."):
             owner = getattr(owner, part)
-        rules.append((getattr(owner, attribute), signature_of[attribute]))
-    return ensure_compiled(rules)
+        functions.append((getattr(owner, attribute), signature_of[attribute].signature))
+    for function, signature in functions:
+        function.compile(signature)
+
+
+#: What compiling the step loop costs, in rules (their mean): the loop is one process's
+#: share with that many fewer rules.
+LOOP_IN_RULES = 12
+
+
+def shares(names: list, jobs: int) -> list[list]:
+    """``names`` dealt over at most ``jobs`` processes, the first of which also compiles the
+    loop (counted as :data:`LOOP_IN_RULES` rules), each next rule to the least loaded."""
+    parts = [[] for _ in range(max(1, min(jobs, len(names) + 1)))]
+    load = [LOOP_IN_RULES] + [0] * (len(parts) - 1)
+    for name in names:
+        least = load.index(min(load))
+        parts[least].append(name)
+        load[least] += 1
+    return parts
 
 
 def positive_int(text: str) -> int:
@@ -110,18 +129,20 @@ def main() -> None:
     parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
                         help="processes to share the rules out over (default: the cores)")
     args = parser.parse_args()
-    from replay.engine.jit import CACHE_DIR
+    from replay.engine.jit import CACHE_DIR, compile_lock
 
     started = time.perf_counter()
     names = rule_names()
-    shares = [names[i::args.jobs] for i in range(min(args.jobs, len(names)))]
-    if len(shares) == 1:
-        compile_rules(shares[0])
-    else:
-        with ProcessPoolExecutor(len(shares), initializer=end_worker_quietly_on_ctrl_c) as pool:
-            list(pool.map(compile_rules, shares))
+    parts = shares(names, args.jobs)
+    with compile_lock():
+        if len(parts) == 1:
+            compile_share(parts[0], with_loop=True)
+        else:
+            with ProcessPoolExecutor(len(parts),
+                                     initializer=end_worker_quietly_on_ctrl_c) as pool:
+                list(pool.map(compile_share, parts, [k == 0 for k in range(len(parts))]))
     print(f"the step loop and {len(names)} rules are compiled in {CACHE_DIR} "
-          f"({time.perf_counter() - started:.1f} s, {len(shares)} processes)", flush=True)
+          f"({time.perf_counter() - started:.1f} s, {len(parts)} processes)", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,18 @@ def test_compiles_or_loads_everything():
     done = subprocess.run([sys.executable, "-m", "replay.compile", "--jobs", "2"],
                           capture_output=True, text=True, check=True)
     assert "rules are compiled in" in done.stdout
+
+
+def test_the_loop_and_the_rules_are_dealt_to_the_least_loaded_process():
+    from replay.compile import LOOP_IN_RULES, shares
+
+    names = list(range(LOOP_IN_RULES + 6))
+    one = shares(names, 1)
+    assert one == [names]
+    two = shares(names, 2)
+    # the second process takes rules until it has the loop's weight, then they alternate
+    assert two[1][:LOOP_IN_RULES] == names[:LOOP_IN_RULES]
+    assert sorted(two[0] + two[1]) == names
+    assert abs((LOOP_IN_RULES + len(two[0])) - len(two[1])) <= 1
+    # never more processes than the loop and the rules
+    assert len(shares(names[:2], 8)) == 3

@@ -93,6 +93,7 @@ from replay.engine.state import (
     EVICT,
     PRICE,
     PRICE_DECODES,
+    RECORD_MAKERS,
     RULE_STATE,
     TIMING_STATE,
     new_engine_state,
@@ -232,6 +233,11 @@ def _cache_totals(s):
             s.cache_prompt_tokens, s.cache_reclaimed, s.cache_entries)
 
 
+#: What Python calls around the loop (making the records, reading the outcome, the logs and
+#: the cache's totals), each with the one signature it is called with: compiled with the loop.
+AROUND_THE_LOOP = RECORD_MAKERS + tuple((read, (ENGINE_STATE,)) for read in (
+    _outcome, _log_arrays, _log_cache, _cache_totals))
+
 _OUTCOME = ("outcome", "now", "completed", "dropped", "steps", "idle_steps", "iteration",
             "decisions", "kv_held", "blocks_held", "n_log", "gap_filled", "gap_count", "gap_total",
             "gap_max", "error_code", "error_arg", "m", "qhead", "qtail", "n_run", "next_key",
@@ -250,7 +256,8 @@ def ensure_compiled(rules) -> float:
     pointer type) for the loop's signature, or load them from the disk cache, where this
     process has not yet; returns the seconds that took. When anything had to be compiled
     (the first run on a machine, or after an edit of compiled code), one line says so."""
-    wanted = [(run_steps, RUN_STEPS_SIGNATURE)] + [(f, kind.signature) for f, kind in rules]
+    wanted = [(run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP] + [
+        (f, kind.signature) for f, kind in rules]
     missing = [(f, signature) for f, signature in wanted if f not in _ready]
     if not missing:
         return 0.0
@@ -441,33 +448,42 @@ class Engine:
                         estimate=a["estimate"])
 
     # ------------------------------------------------------------------ the rules
-    def _rules(self, state, arrays: EngineArrays):
-        """The loop's rule arguments, and how each rule runs (compiled or through Python)."""
+    def _rule_functions(self) -> tuple:
+        """The loop's four rule functions: a compiled rule's own, else the bridge into
+        Python."""
         policy, timing, overflow = self.policy, self.timing, self.policy.overflow
+        decide = type(policy).decision if is_compiled_policy(policy) else decide_in_python
+        evict_victims = (type(overflow).evict_victims
+                         if is_compiled(overflow, CompiledOverflow, "evict") else evict_in_python)
+        price_batch, price_decodes = ((type(timing).price_batch, type(timing).price_decodes)
+                                      if is_compiled(timing, CompiledTiming, "duration")
+                                      else (price_in_python, no_decode_price))
+        return decide, evict_victims, price_batch, price_decodes
+
+    def _rules(self, state, arrays: EngineArrays, functions: tuple):
+        """The loop's rule arguments (``functions`` from :meth:`_rule_functions`), and how
+        each rule runs (compiled or through Python)."""
+        policy, timing, overflow = self.policy, self.timing, self.policy.overflow
+        decide, evict_victims, price_batch, price_decodes = functions
         bridges = []
-        if is_compiled_policy(policy):
-            decide, policy_state, policy_path = type(policy).decision, policy.rule_state(
-                self.setup()), "compiled"
+        if decide is not decide_in_python:
+            policy_state, policy_path = policy.rule_state(self.setup()), "compiled"
         else:
             adapter = PythonPolicy(policy, state, arrays, self.kv.tokens, self.kv.block_size,
                                    self.policy_rng, self.options.validate_decisions)
             bridges.append(adapter)
-            decide, policy_state, policy_path = decide_in_python, None, "python"
-        if is_compiled(overflow, CompiledOverflow, "evict"):
-            evict_victims, overflow_state, overflow_path = (
-                type(overflow).evict_victims, overflow.rule_state(), "compiled")
+            policy_state, policy_path = None, "python"
+        if evict_victims is not evict_in_python:
+            overflow_state, overflow_path = overflow.rule_state(), "compiled"
         else:
             adapter = PythonOverflow(overflow, type(policy).__name__, arrays, self.kv.tokens,
                                      self.overflow_rng)
             bridges.append(adapter)
-            evict_victims, overflow_state, overflow_path = evict_in_python, None, "python"
-        if is_compiled(timing, CompiledTiming, "duration"):
-            price_batch, price_decodes = type(timing).price_batch, type(timing).price_decodes
+            overflow_state, overflow_path = None, "python"
+        if price_batch is not price_in_python:
             timing_state, timing_path = timing.timing_state(), "compiled"
         else:
-            adapter = PythonTiming(timing, arrays)
-            bridges.append(adapter)
-            price_batch, price_decodes = price_in_python, no_decode_price
+            bridges.append(PythonTiming(timing, arrays))
             timing_state, timing_path = None, "python"
         tokens = [register(b) for b in bridges]
         tokens_left = iter(tokens)
@@ -491,6 +507,9 @@ class Engine:
         self._ran = True
         a, n, kv, o = self.arrays, self.arrays["status"].size, self.kv, self.options
         gaps = self.token_gaps
+        functions = self._rule_functions()
+        compile_time = ensure_compiled(tuple(zip(functions, (DECIDE, EVICT, PRICE,
+                                                             PRICE_DECODES), strict=True)))
         state = new_engine_state(
             **{name: a[name] for name in STATE_ARRAYS}, n=n, capacity=kv.tokens,
             block=kv.block_size,
@@ -521,10 +540,7 @@ class Engine:
             heap_size=0,
             log_cache=np.zeros((2, _INITIAL_LOG_ROWS if kv.prefix_cache != "none" else 0),
                                dtype=np.int64))
-        rules, bridges, tokens, path = self._rules(state, EngineArrays(a))
-        _, decide, _, evict_victims, _, price_batch, price_decodes = rules
-        compile_time = ensure_compiled(((decide, DECIDE), (evict_victims, EVICT),
-                                        (price_batch, PRICE), (price_decodes, PRICE_DECODES)))
+        rules, bridges, tokens, path = self._rules(state, EngineArrays(a), functions)
         started = time.perf_counter()
         bar = tqdm(total=n, disable=not self.progress, unit="req", desc="replay", leave=False)
         last_heartbeat = started

@@ -188,6 +188,16 @@ def _make_timing_state(*values):
     return TimingState(*values)
 
 
+#: The functions that make the records from Python, each with the one signature it is
+#: called with (a tuple of its fields' types, numba's form of ``*values``): the loop compiles
+#: them with itself (:func:`replay.engine.loop.ensure_compiled`), so the first run's line
+#: counts them.
+RECORD_MAKERS = tuple((make, (types.Tuple(tuple(_NUMBA[kind] for _, kind in fields)),))
+                      for make, fields in (
+    (_make_engine_state, ENGINE_FIELDS), (_make_rule_state, RULE_FIELDS),
+    (_make_timing_state, TIMING_FIELDS)))
+
+
 def _normalised(fields, values: dict) -> list:
     missing = [name for name, _ in fields if name not in values]
     unknown = set(values) - {name for name, _ in fields}
