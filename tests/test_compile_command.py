@@ -61,3 +61,26 @@ def test_the_loop_and_the_rules_are_dealt_to_the_least_loaded_process():
     assert abs((LOOP_IN_RULES + len(two[0])) - len(two[1])) <= 1
     # never more processes than the loop and the rules
     assert len(shares(names[:2], 8)) == 3
+
+
+def test_a_helper_compiles_into_the_disk_cache_and_says_what(tmp_path, monkeypatch):
+    """The first run's helper process (replay.engine.jit.compile_in_a_helper) compiles what
+    it is given into the disk cache and names what it compiled; what it cannot import is
+    left to the caller, and a helper that fails named nothing."""
+    from replay.engine import jit
+    from replay.engine.loop import AROUND_THE_LOOP, _outcome
+
+    signature_of = "replay.engine.loop:beside_the_loop_signature"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # the helper's cache: empty
+    key = str([f for f, _ in AROUND_THE_LOOP].index(_outcome))
+    helper = jit.compile_in_a_helper([("replay.engine.loop", "_outcome", key)], signature_of)
+    assert jit.helper_compiled(helper) == ["_outcome"]
+    assert list(tmp_path.glob("replay.engine.loop-*/loop._outcome-*.nbi"))
+
+    unreachable = [("__main__", "decide", "decide"), ("mine", "make.<locals>.decide", "decide")]
+    assert jit.compile_in_a_helper(unreachable, signature_of) is None
+    failed = jit.compile_in_a_helper([("no_such_module", "decide", "decide")], signature_of)
+    assert jit.helper_compiled(failed) == [] and failed.returncode != 0
+    monkeypatch.setattr(jit.os, "cpu_count", lambda: 1)
+    assert jit.compile_in_a_helper([("replay.engine.loop", "_outcome", key)],
+                                   signature_of) is None

@@ -30,8 +30,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import importlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -277,6 +280,60 @@ def compile_lock():
     finally:
         if lock is not None:
             lock.release()
+
+
+def in_disk_cache(dispatcher, signature) -> bool:
+    """Whether the disk cache holds ``dispatcher`` compiled for ``signature`` (numba's own
+    lookup, which loads it; the compile that follows loads it again, in hundredths of a
+    second)."""
+    return dispatcher._cache.load_overload(signature, dispatcher.targetctx) is not None
+
+
+def compile_in_a_helper(functions: list[tuple[str, str, str]], signature_of: str):
+    """Start a process that compiles ``functions`` (module, name, and a key of the
+    signature) into the disk cache, each for ``signature_of(key)``, a function named by
+    ``module:name``; the caller holds :func:`compile_lock` for it and compiles something else
+    meanwhile. Functions it cannot import (defined in ``__main__`` or a function's body) are
+    left out; a function it did not save is compiled by the caller as if there had been no
+    helper. It prints a line of the names of the functions it compiled rather than loaded
+    (:func:`helper_compiled` reads it). None on a single core, or with nothing to compile."""
+    shared = [list(f) for f in functions if f[0] != "__main__" and "<" not in f[1]]
+    if not shared or (os.cpu_count() or 1) < 2:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; from replay.engine.jit import _helper_compiles; "
+                               "_helper_compiles(sys.argv[1], sys.argv[2])",
+         json.dumps(shared), signature_of], stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)})
+
+
+def _resolve(qualified: str):
+    module, _, name = qualified.partition(":")
+    owner = importlib.import_module(module)
+    for part in name.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+def _helper_compiles(functions: str, signature_of: str) -> None:
+    """The helper of :func:`compile_in_a_helper`."""
+    signature, compiled = _resolve(signature_of), []
+    for module, name, key in json.loads(functions):
+        function = _resolve(f"{module}:{name}")
+        function.compile(signature(key))
+        compiled += [name] if function.stats.cache_misses else []
+    print(json.dumps(compiled), flush=True)
+
+
+def helper_compiled(helper: subprocess.Popen) -> list[str]:
+    """Wait for a helper of :func:`compile_in_a_helper`; the names of the functions it
+    compiled (none if it failed)."""
+    out, _ = helper.communicate()
+    try:
+        return json.loads(out.splitlines()[-1]) if helper.returncode == 0 else []
+    except (IndexError, ValueError):
+        return []
 
 
 def compiled_from_scratch(dispatchers) -> list:

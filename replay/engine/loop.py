@@ -251,28 +251,60 @@ def _outcome_of(state) -> dict:
 _ready: set = set()
 
 
+#: The rules' function pointer types by name (a helper process rebuilds a signature from it).
+RULE_KINDS = {"decide": DECIDE, "evict": EVICT, "price": PRICE, "price_decodes": PRICE_DECODES}
+
+
+def beside_the_loop_signature(key: str):
+    """The signature of a function compiled beside the loop, by its key: a rule's kind
+    (:data:`RULE_KINDS`), or a position in :data:`AROUND_THE_LOOP`."""
+    return RULE_KINDS[key].signature if key in RULE_KINDS else AROUND_THE_LOOP[int(key)][1]
+
+
 def ensure_compiled(rules) -> float:
-    """Compile the step loop and ``rules`` (pairs of a rule's function and its function
-    pointer type) for the loop's signature, or load them from the disk cache, where this
-    process has not yet; returns the seconds that took. When anything had to be compiled
-    (the first run on a machine, or after an edit of compiled code), one line says so."""
-    wanted = [(run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP] + [
-        (f, kind.signature) for f, kind in rules]
-    missing = [(f, signature) for f, signature in wanted if f not in _ready]
+    """Compile the step loop, what Python calls around it and ``rules`` (pairs of a rule's
+    function and its function pointer type) for the loop's signature, or load them from the
+    disk cache, where this process has not yet; returns the seconds that took. When the loop
+    is not in the disk cache (the first run on a machine, or after an edit of the engine)
+    and the machine has a second core, a helper process compiles the rest meanwhile. When
+    anything had to be compiled, one line says so."""
+    kind_of = {id(kind): name for name, kind in RULE_KINDS.items()}
+    wanted = [(run_steps, RUN_STEPS_SIGNATURE, None)] + [
+        (f, signature, str(k)) for k, (f, signature) in enumerate(AROUND_THE_LOOP)] + [
+        (f, kind.signature, kind_of[id(kind)]) for f, kind in rules]
+    missing = [(f, signature, key) for f, signature, key in wanted if f not in _ready]
     if not missing:
         return 0.0
     started = time.perf_counter()
     with compiling.compile_lock():
-        for function, signature in missing:
-            function.compile(signature)
+        helper, by_helper = None, []
+        if missing[0][0] is run_steps and not compiling.in_disk_cache(run_steps,
+                                                                        RUN_STEPS_SIGNATURE):
+            helper = compiling.compile_in_a_helper(
+                [(f.py_func.__module__, f.py_func.__qualname__, key)
+                 for f, _, key in missing[1:]],
+                f"{__name__}:{beside_the_loop_signature.__name__}")
+        try:
+            for function, signature, _ in missing:
+                if helper is not None and function is not run_steps:
+                    # the rest is in the disk cache now, or compiles here
+                    by_helper, helper = compiling.helper_compiled(helper), None
+                function.compile(signature)
+        finally:
+            if helper is not None:  # interrupted while compiling the loop
+                helper.kill()
+                helper.wait()
     # The loop runs only as compiled for function pointers: called with a rule's dispatcher,
     # numba would otherwise compile a copy specialised to that rule.
     run_steps.disable_compile()
     seconds = time.perf_counter() - started
-    functions = [f for f, _ in missing]
-    if compiled := compiling.compiled_from_scratch(functions):
-        log.warning("kvsched: compiled %s in %.1f s, once: later runs load %s from the "
-                    "disk cache (%s)", ", ".join(f.__name__ for f in compiled), seconds,
+    functions = [f for f, _, _ in missing]
+    compiled = [f.__name__ for f in functions
+                if f in compiling.compiled_from_scratch(functions) or f.__name__ in by_helper]
+    if compiled:
+        log.warning("kvsched: compiled %s in %.1f s%s, once: later runs load %s from the "
+                    "disk cache (%s)", ", ".join(compiled), seconds,
+                    " (two processes)" if by_helper else "",
                     "them" if len(compiled) > 1 else "it", compiling.CACHE_DIR)
     _ready.update(functions)
     return seconds
