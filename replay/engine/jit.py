@@ -300,12 +300,15 @@ def compile_in_a_helper(functions: list[tuple[str, str, str]], signature_of: str
     shared = [list(f) for f in functions if f[0] != "__main__" and "<" not in f[1]]
     if not shared or (os.cpu_count() or 1) < 2:
         return None
-    return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from replay.engine.jit import _helper_compiles; "
-                               "_helper_compiles(sys.argv[1], sys.argv[2])",
-         json.dumps(shared), signature_of], stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)})
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", "import sys; from replay.engine.jit import "
+                                   "_helper_compiles; _helper_compiles(sys.argv[1], sys.argv[2])",
+             json.dumps(shared), signature_of], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)})
+    except OSError:  # no interpreter to start (an embedded Python): the caller compiles all
+        return None
 
 
 def _resolve(qualified: str):
