@@ -8,9 +8,11 @@ cache; a run loads them in a fraction of a second.
 numba keys a cached function by its own source file only, so a caller cached before an
 edit of a callee in another file would load stale machine code. Each module that defines
 compiled functions (:data:`JIT_SOURCES`; a test keeps the list complete) is therefore cached
-in a folder of its own, named by a hash of its code and of the code of every such module it
-imports, directly or through another (:func:`module_keys`): an edit of a module starts fresh
-folders for it and for the modules that import it, and nothing else compiles again. The
+in a folder of its own, named by a hash of its code and of the code of every module of the
+tree it imports, directly or through another (:func:`module_keys`; a module without
+compiled code counts too, as a compiled function freezes the constants it reads): an edit
+of a module starts fresh folders for it and for the modules that import it, and nothing
+else compiles again. The
 step loop reaches policies and timing backends only through function pointers and imports
 none of them, so editing a policy compiles that policy's decision, not the loop. The hash
 is of each source's code as Python parses it, without its docstrings (:func:`code_digest`),
@@ -21,8 +23,9 @@ in ``$NUMBA_CACHE_DIR`` if set, else in ``numba/`` in kvsched's per-user cache f
 do not depend on where the sources are, so two checkouts of the same code share them.
 
 numba rewrites a function's cache index whole (read, add, write), so two processes saving
-into one index at once could lose each other's entry; :func:`compile_lock` lets one process
-at a time compile into the folder.
+into one index at once could lose each other's entry (it is then compiled again later);
+:func:`compile_lock` lets one run at a time compile into the folders, and a run that
+compiles may share its work with a helper process of its own (:func:`compile_in_a_helper`).
 """
 
 from __future__ import annotations

@@ -299,8 +299,8 @@ def ensure_compiled(rules) -> float:
     run_steps.disable_compile()
     seconds = time.perf_counter() - started
     functions = [f for f, _, _ in missing]
-    compiled = [f.__name__ for f in functions
-                if f in compiling.compiled_from_scratch(functions) or f.__name__ in by_helper]
+    here = compiling.compiled_from_scratch(functions)
+    compiled = [f.__name__ for f in functions if f in here or f.__name__ in by_helper]
     if compiled:
         log.warning("kvsched: compiled %s in %.1f s%s, once: later runs load %s from the "
                     "disk cache (%s)", ", ".join(compiled), seconds,
