@@ -84,17 +84,12 @@ def rule_names() -> list[tuple[str, str, str]]:
 def compile_share(names: list[tuple[str, str, str]], with_loop: bool) -> None:
     """Compile (or load) the rules ``names``, and the step loop first if ``with_loop``, in
     this process, without taking the cache's lock: :func:`main` holds it for every process."""
-    from replay.engine.loop import AROUND_THE_LOOP, RUN_STEPS_SIGNATURE, run_steps
-    from replay.engine.state import DECIDE, EVICT, PRICE, PRICE_DECODES
+    from replay.engine.jit import resolve
+    from replay.engine.loop import LOOP_AND_AROUND, RULE_KINDS
 
-    signature_of = {"decision": DECIDE, "evict_victims": EVICT, "price_batch": PRICE,
-                    "price_decodes": PRICE_DECODES}
-    functions = [(run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP] if with_loop else []
-    for module, qualname, attribute in names:
-        owner = importlib.import_module(module)
-        for part in qualname.split("."):
-            owner = getattr(owner, part)
-        functions.append((getattr(owner, attribute), signature_of[attribute].signature))
+    functions = list(LOOP_AND_AROUND) if with_loop else []
+    functions += [(resolve(f"{module}:{qualname}.{attribute}"), RULE_KINDS[attribute].signature)
+                  for module, qualname, attribute in names]
     for function, signature in functions:
         function.compile(signature)
 

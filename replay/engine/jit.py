@@ -314,7 +314,8 @@ def compile_in_a_helper(functions: list[tuple[str, str, str]], signature_of: str
         return None
 
 
-def _resolve(qualified: str):
+def resolve(qualified: str):
+    """The object ``module:name`` names (``name`` may be dotted: a class's attribute)."""
     module, _, name = qualified.partition(":")
     owner = importlib.import_module(module)
     for part in name.split("."):
@@ -324,9 +325,9 @@ def _resolve(qualified: str):
 
 def _helper_compiles(functions: str, signature_of: str) -> None:
     """The helper of :func:`compile_in_a_helper`."""
-    signature, compiled = _resolve(signature_of), []
+    signature, compiled = resolve(signature_of), []
     for module, name, key in json.loads(functions):
-        function = _resolve(f"{module}:{name}")
+        function = resolve(f"{module}:{name}")
         function.compile(signature(key))
         compiled += [name] if function.stats.cache_misses else []
     print(json.dumps(compiled), flush=True)

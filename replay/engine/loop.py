@@ -251,13 +251,17 @@ def _outcome_of(state) -> dict:
 _ready: set = set()
 
 
-#: The rules' function pointer types by name (a helper process rebuilds a signature from it).
-RULE_KINDS = {"decide": DECIDE, "evict": EVICT, "price": PRICE, "price_decodes": PRICE_DECODES}
+#: The rules' function pointer types, by the attribute of the rule's class that holds the
+#: function (a helper process, and ``python -m replay.compile``, rebuild a signature from it).
+RULE_KINDS = {"decision": DECIDE, "evict_victims": EVICT, "price_batch": PRICE,
+              "price_decodes": PRICE_DECODES}
+#: What compiles with the loop: the loop, then what Python calls around it.
+LOOP_AND_AROUND = ((run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP)
 
 
 def beside_the_loop_signature(key: str):
-    """The signature of a function compiled beside the loop, by its key: a rule's kind
-    (:data:`RULE_KINDS`), or a position in :data:`AROUND_THE_LOOP`."""
+    """The signature of a function compiled beside the loop, by its key: the attribute of its
+    rule's class (:data:`RULE_KINDS`), or a position in :data:`AROUND_THE_LOOP`."""
     return RULE_KINDS[key].signature if key in RULE_KINDS else AROUND_THE_LOOP[int(key)][1]
 
 
@@ -269,8 +273,7 @@ def ensure_compiled(rules) -> float:
     and the machine has a second core, a helper process compiles the rest meanwhile. When
     anything had to be compiled, one line says so."""
     kind_of = {id(kind): name for name, kind in RULE_KINDS.items()}
-    wanted = [(run_steps, RUN_STEPS_SIGNATURE, None)] + [
-        (f, signature, str(k)) for k, (f, signature) in enumerate(AROUND_THE_LOOP)] + [
+    wanted = [(f, signature, str(k - 1)) for k, (f, signature) in enumerate(LOOP_AND_AROUND)] + [
         (f, kind.signature, kind_of[id(kind)]) for f, kind in rules]
     missing = [(f, signature, key) for f, signature, key in wanted if f not in _ready]
     if not missing:
