@@ -328,7 +328,8 @@ def test_compiling_depends_on_types_not_on_config_values():
 @pytest.mark.slow
 def test_a_cold_compile_compiles_each_function_once(tmp_path):
     # A second signature (such as a literal 0 for an int64) is a second compile of the
-    # function for nothing. In a fresh process with an empty cache.
+    # function for nothing; a phase a helper compiles for other types than the loop's is
+    # compiled twice. In a fresh process with an empty cache.
     script = """
 import numpy as np
 from numba.core.dispatcher import Dispatcher
@@ -351,6 +352,11 @@ for module in modules:
     for name, function in vars(module).items():
         if isinstance(function, Dispatcher) and len(function.signatures) > 1:
             print(module.__name__, name, *function.signatures, sep="\\n  ")
+# the phases a helper compiles ahead of the loop, for the types the loop calls them with
+from replay.engine.loop import PHASES_FOR_A_HELPER
+for function, signature in PHASES_FOR_A_HELPER:
+    if function.signatures != [tuple(signature)]:
+        print("helper's signature of", function.__name__, "is not the loop's")
 """
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", "import sys\n" + script], env=env,

@@ -257,12 +257,24 @@ RULE_KINDS = {"decision": DECIDE, "evict_victims": EVICT, "price_batch": PRICE,
               "price_decodes": PRICE_DECODES}
 #: What compiles with the loop: the loop, then what Python calls around it.
 LOOP_AND_AROUND = ((run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP)
+#: Phases the loop calls that a first run's helper process compiles into the disk cache while
+#: the run compiles the loop, which then loads them (each with the types the loop calls it
+#: with; a test holds them to the loop's own typing). The loop reaches them late, so the
+#: helper has usually saved them by then; a phase it has not, the loop compiles as usual.
+PHASES_FOR_A_HELPER = (
+    (execute, (ENGINE_STATE, types.float64, types.int64, types.int64, types.int64,
+               types.boolean, types.int64, types.int64, types.int64)),
+    (run_stretch, (ENGINE_STATE, TIMING_STATE, PRICE, PRICE_DECODES, types.int64,
+                   types.boolean)),
+)
+#: What a helper process may compile besides the rules, by position (a key).
+BESIDE_THE_LOOP = AROUND_THE_LOOP + PHASES_FOR_A_HELPER
 
 
 def beside_the_loop_signature(key: str):
     """The signature of a function compiled beside the loop, by its key: the attribute of its
-    rule's class (:data:`RULE_KINDS`), or a position in :data:`AROUND_THE_LOOP`."""
-    return RULE_KINDS[key].signature if key in RULE_KINDS else AROUND_THE_LOOP[int(key)][1]
+    rule's class (:data:`RULE_KINDS`), or a position in :data:`BESIDE_THE_LOOP`."""
+    return RULE_KINDS[key].signature if key in RULE_KINDS else BESIDE_THE_LOOP[int(key)][1]
 
 
 def ensure_compiled(rules) -> float:
@@ -273,23 +285,27 @@ def ensure_compiled(rules) -> float:
     and the machine has a second core, a helper process compiles the rest meanwhile. When
     anything had to be compiled, one line says so."""
     kind_of = {id(kind): name for name, kind in RULE_KINDS.items()}
-    wanted = [(f, signature, str(k - 1)) for k, (f, signature) in enumerate(LOOP_AND_AROUND)] + [
-        (f, kind.signature, kind_of[id(kind)]) for f, kind in rules]
-    missing = [(f, signature, key) for f, signature, key in wanted if f not in _ready]
+    wanted = [*LOOP_AND_AROUND, *((f, kind.signature) for f, kind in rules)]
+    missing = [(f, signature) for f, signature in wanted if f not in _ready]
     if not missing:
         return 0.0
     started = time.perf_counter()
     with compiling.compile_lock():
-        helper, by_helper = None, []
+        helper, by_helper, helpers_share = None, [], set()
         if missing[0][0] is run_steps and not compiling.in_disk_cache(run_steps,
                                                                         RUN_STEPS_SIGNATURE):
+            # The helper takes the phases the loop reaches last, then the rules; the run
+            # compiles the loop and what is called around it meanwhile.
+            offered = [(f, str(len(AROUND_THE_LOOP) + k))
+                       for k, (f, _) in enumerate(PHASES_FOR_A_HELPER)]
+            offered += [(f, kind_of[id(kind)]) for f, kind in rules if f not in _ready]
             helper = compiling.compile_in_a_helper(
-                [(f.py_func.__module__, f.py_func.__qualname__, key)
-                 for f, _, key in missing[1:]],
+                [(f.py_func.__module__, f.py_func.__qualname__, key) for f, key in offered],
                 f"{__name__}:{beside_the_loop_signature.__name__}")
+            helpers_share = {f for f, _ in offered}
         try:
-            for function, signature, _ in missing:
-                if helper is not None and function is not run_steps:
+            for function, signature in missing:
+                if helper is not None and function in helpers_share:
                     # the rest is in the disk cache now, or compiles here
                     by_helper, helper = compiling.helper_compiled(helper), None
                 function.compile(signature)
@@ -301,7 +317,7 @@ def ensure_compiled(rules) -> float:
     # numba would otherwise compile a copy specialised to that rule.
     run_steps.disable_compile()
     seconds = time.perf_counter() - started
-    functions = [f for f, _, _ in missing]
+    functions = [f for f, _ in missing]
     here = compiling.compiled_from_scratch(functions)
     compiled = [f.__name__ for f in functions if f in here or f.__name__ in by_helper]
     if compiled:
