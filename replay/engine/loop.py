@@ -282,8 +282,9 @@ def ensure_compiled(rules) -> float:
     function and its function pointer type) for the loop's signature, or load them from the
     disk cache, where this process has not yet; returns the seconds that took. When the loop
     is not in the disk cache (the first run on a machine, or after an edit of the engine)
-    and the machine has a second core, a helper process compiles the rest meanwhile. When
-    anything had to be compiled, one line says so."""
+    and the machine has a second core, a helper process compiles the rules and the loop's
+    :data:`PHASES_FOR_A_HELPER` meanwhile, and the loop loads those phases. When anything
+    had to be compiled, one line says so."""
     kind_of = {id(kind): name for name, kind in RULE_KINDS.items()}
     wanted = [*LOOP_AND_AROUND, *((f, kind.signature) for f, kind in rules)]
     missing = [(f, signature) for f, signature in wanted if f not in _ready]
