@@ -284,24 +284,34 @@ def fold_gaps(s, values, k):
     s.gap_max = max(s.gap_max, largest)
 
 
-@jit
+@jit(inline="always")
 def add_gaps(s, gaps, k):
-    """Add ``gaps[:k]`` to the histogram: buffered, folded where LogHistogram.add folds."""
-    if k == 0:
+    """Add ``gaps[:k]`` to the histogram: buffered, folded where LogHistogram.add folds.
+    Inlined: most adds only copy into the buffer."""
+    filled = s.gap_filled
+    if filled + k > s.gap_buffer.size:
+        _fold_for_gaps(s, gaps, k)
         return
     buffer = s.gap_buffer
-    filled = s.gap_filled
-    if filled + k > buffer.size:
-        if filled:
-            fold_gaps(s, buffer, filled)
-            filled = 0
-        if k > buffer.size:
-            fold_gaps(s, gaps, k)
-            s.gap_filled = 0
-            return
     for i in range(k):
         buffer[filled + i] = gaps[i]
     s.gap_filled = filled + k
+
+
+@jit
+def _fold_for_gaps(s, gaps, k):
+    """add_gaps where ``gaps[:k]`` do not fit the buffer's room: fold the buffer, then buffer
+    them, or fold them too if they are more than the buffer holds."""
+    buffer = s.gap_buffer
+    if s.gap_filled:
+        fold_gaps(s, buffer, s.gap_filled)
+    if k > buffer.size:
+        fold_gaps(s, gaps, k)
+        s.gap_filled = 0
+        return
+    for i in range(k):
+        buffer[i] = gaps[i]
+    s.gap_filled = k
 
 
 @jit
@@ -310,9 +320,9 @@ def _grow_log(s):
     seconds of compile time)."""
     rows = s.log_failed.size
     old_times, old_ints, old_failed = s.log_times, s.log_ints, s.log_failed
-    times = np.zeros((2, 2 * rows), dtype=np.float64)
-    ints = np.zeros((LOG_COLUMNS, 2 * rows), dtype=np.int64)
-    failed = np.zeros(2 * rows, dtype=np.bool_)
+    times = np.empty((2, 2 * rows), dtype=np.float64)
+    ints = np.empty((LOG_COLUMNS, 2 * rows), dtype=np.int64)
+    failed = np.empty(2 * rows, dtype=np.bool_)
     for row in range(rows):
         times[0, row] = old_times[0, row]
         times[1, row] = old_times[1, row]
@@ -322,7 +332,7 @@ def _grow_log(s):
     s.log_times, s.log_ints, s.log_failed = times, ints, failed
     if s.cache_on:
         old_cache = s.log_cache
-        cache = np.zeros((2, 2 * rows), dtype=np.int64)
+        cache = np.empty((2, 2 * rows), dtype=np.int64)
         for row in range(rows):
             cache[0, row] = old_cache[0, row]
             cache[1, row] = old_cache[1, row]
@@ -364,14 +374,34 @@ def kv_after(s):
 
 
 # ------------------------------------------------------------------ the step's phases
+@jit(inline="always")
+def _idle_steps_left(s):
+    """Steps that may still run, none completing or dropping a request, before the livelock
+    stop."""
+    return s.livelock_window + 1 - s.idle_steps
+
+
+@jit(inline="always")
+def _steps_left(s):
+    """Steps that may still run before the step limit (``max_steps`` < 0: none)."""
+    return s.max_steps - s.steps if s.max_steps >= 0 else np.iinfo(np.int64).max
+
+
 @jit
 def stop_reason(s):
     """The outcome that stops the run before this step, or 0."""
-    if s.idle_steps > s.livelock_window:
+    if _idle_steps_left(s) <= 0:
         return LIVELOCK
-    if s.max_steps >= 0 and s.steps >= s.max_steps:
+    if _steps_left(s) <= 0:
         return STEP_LIMIT
     return 0
+
+
+@jit
+def idle_steps_before_stop(s):
+    """How many more steps, each adding one to the step and the idle-step counts, can run
+    before :func:`stop_reason` stops the run (0: it stops now)."""
+    return max(0, min(_idle_steps_left(s), _steps_left(s)))
 
 
 @jit
@@ -765,21 +795,27 @@ def _decode_stretch(s, timing, price_decodes, room):
     longest = 0.0
     now = s.now
     go_on = False
+    # Each step counts one step and one idle step, so the run's own stops are a step budget;
+    # kept in a local, as is everything the steps read or write without a call (every call
+    # that takes the state record counts a reference to it up and down, atomically).
+    before_stop = idle_steps_before_stop(s)
+    next_arrival = s.next_arrival
     while done < room:
         if done == completing - 1:
             go_on = True
             break
-        if now >= s.next_arrival or stop_reason(s):
+        if now >= next_arrival or done >= before_stop:
             break
         duration = price_decodes(timing, m, context_sum + done * m, context_max + done)
         if np.isnan(duration):
             go_on = True
             break
         new_blocks = growth[(-done) % block] if block > 1 else 0
-        peak = make_room(s, (blocks_in_use(s) + new_blocks) * block if block > 1
-                         else s.kv_held + m)
-        if peak > capacity:
-            break
+        peak = (blocks_in_use(s) + new_blocks) * block if block > 1 else s.kv_held + m
+        if peak > capacity:  # make_room changes only a peak over the capacity
+            peak = make_room(s, peak)
+            if peak > capacity:
+                break
         end = now + duration
         gap = end - now
         for i in range(m):
