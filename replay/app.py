@@ -45,6 +45,7 @@ from replay.config.cli import (
     refused_write,
 )
 from replay.config.validate import validate_config
+from replay.engine.jit import count_references_plainly
 from replay.errors import InputError, resend_interrupts_lost_in_callbacks, surfacing_interrupts
 from replay.storage.outputs import NO_RESULT_STATUSES, atomic_write_text, summary_json
 
@@ -103,6 +104,7 @@ def replay_job(cfg: DictConfig) -> dict:
     # A sweep's job runs in a launcher's worker process, which did not start as a command:
     # a Ctrl-C landing in numba's compile there would print Python's "ignored" traceback.
     resend_interrupts_lost_in_callbacks()
+    count_references_plainly()  # before this process first compiles or loads compiled code
     try:
         return surfacing_interrupts(_replay, cfg, out_dir)  # a job cut by Ctrl-C has not failed
     except Exception as exc:

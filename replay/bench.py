@@ -34,6 +34,7 @@ from replay.bounds.instance import Instance
 from replay.bounds.lp import area_rounds, auto_grid, bucketed, latest_starts, lp_bound, time_indexed
 from replay.config import compose_config
 from replay.config.cli import compose_or_exit, run_or_exit
+from replay.engine.jit import count_references_plainly
 from replay.run import build_and_run
 from replay.workloads.synthetic import Synthetic
 
@@ -81,6 +82,8 @@ def scenario_names(text: str) -> list[str]:
 
 
 def main() -> None:
+    print(f"numba reference counts: {'plain' if count_references_plainly() else 'atomic'} "
+          f"(replay.engine.jit.count_references_plainly)")
     parser = argparse.ArgumentParser(prog="python -m replay.bench",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=10_000)

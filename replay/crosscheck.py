@@ -73,6 +73,7 @@ from hydra.utils import instantiate
 from replay.config import compose_config
 from replay.config.cli import run_or_exit
 from replay.crosscheck_vidur import run_vidur
+from replay.engine.jit import count_references_plainly, reference_counts
 from replay.errors import InputError
 from replay.experiments.plots.common import plt, save_figure
 from replay.experiments.report import CROSSCHECK_PROVENANCE as PROVENANCE
@@ -278,7 +279,8 @@ def crosscheck(setup: Setup, out_dir: Path,
     # What produced these numbers, for the report's stamp beside them.
     atomic_write_text(out_dir / PROVENANCE, json.dumps({
         "commit": git_describe(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "packages": package_versions()}, indent=1))
+        "packages": package_versions(),
+        "reference_counts": reference_counts()}, indent=1))
     return speed
 
 
@@ -318,6 +320,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int, bo
 
 
 def main() -> None:
+    count_references_plainly()
     setup, out, repeat, whole_process = parse_arguments()
     run_or_exit(ensure_writable_dir, out)  # before minutes of simulation, not after
     speed = run_or_exit(crosscheck, setup, out, repeat=repeat, whole_process=whole_process)

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from replay.config import CONFIG_DIR
 from replay.config.cli import fail, interrupted, run_or_exit
+from replay.engine.jit import count_references_plainly
 from replay.errors import ConfigError
 from replay.experiments.report import build_report, git_describe, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
@@ -325,6 +326,7 @@ RESUME_HINT = "finished runs are kept, and the same command resumes from them"
 
 
 def main() -> None:
+    count_references_plainly()
     parser = argparse.ArgumentParser(
         prog="python -m replay.reproduce",
         description="Reproduce the papers' figures: run each target's experiment, draw its "

@@ -268,6 +268,36 @@ def jit(function=None, **options):
     return decorate if function is None else decorate(function)
 
 
+#: Set to ``1`` to keep numba's atomic reference counts in kvsched's commands.
+ATOMIC_REFCOUNTS_ENV = "KVSCHED_ATOMIC_REFCOUNTS"
+
+
+def count_references_plainly() -> bool:
+    """Make numba count references without atomic instructions in this process, if its
+    runtime is not up yet; returns whether the counts are plain. kvsched's commands call it
+    first thing. Every compiled call that takes the state record counts a reference to it up
+    and down, and the atomic kind of count cost about a third of the steady stretch's loop
+    time; the kind comes from the runtime of the process that runs the code, not from the
+    disk cache. Plain counts are safe where one thread at a time runs compiled code, which
+    holds for kvsched (it never releases the GIL in compiled code); a process that also runs
+    numba code on several threads (``parallel=True``, ``nogil=True``) must set
+    :data:`ATOMIC_REFCOUNTS_ENV`. A library use of kvsched keeps numba's default."""
+    from numba.core.runtime import nrt, nrtdynmod
+
+    if not hasattr(nrtdynmod, "_disable_atomicity"):  # a numba without the switch (a test
+        return False                                  # holds the installed one to having it)
+    if os.environ.get(ATOMIC_REFCOUNTS_ENV) != "1" and not nrt.rtsys._init:
+        nrtdynmod._disable_atomicity = 1  # numba's own switch, read when its runtime starts
+    return reference_counts() == "plain"
+
+
+def reference_counts() -> str:
+    """How this process's numba runtime counts references: ``plain`` or ``atomic``."""
+    from numba.core.runtime import nrtdynmod
+
+    return "plain" if getattr(nrtdynmod, "_disable_atomicity", 0) else "atomic"
+
+
 @contextlib.contextmanager
 def compile_lock():
     """One process at a time compiles into (or loads from) :data:`CACHE_DIR`. Where the

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from replay.engine import jit as compiling
 from replay.engine.histogram import LogHistogram
-from replay.engine.jit import jit
+from replay.engine.jit import jit, reference_counts
 from replay.engine.kv import CACHE_EVICTIONS, KVCapacity
 from replay.engine.phases import (
     COMPLETED,
@@ -547,7 +547,8 @@ class Engine:
             timing_state = new_timing_state(bridge=next(tokens_left))
         rules = (policy_state, decide, overflow_state, evict_victims, timing_state, price_batch,
                  price_decodes)
-        path = {"policy": policy_path, "overflow": overflow_path, "timing": timing_path}
+        path = {"policy": policy_path, "overflow": overflow_path, "timing": timing_path,
+                "reference_counts": reference_counts()}
         return rules, bridges, tokens, path
 
     # ------------------------------------------------------------------ the run
