@@ -45,7 +45,6 @@ from replay.config.cli import (
     refused_write,
 )
 from replay.config.validate import validate_config
-from replay.engine.jit import count_references_plainly
 from replay.errors import InputError, resend_interrupts_lost_in_callbacks, surfacing_interrupts
 from replay.storage.outputs import NO_RESULT_STATUSES, atomic_write_text, summary_json
 
@@ -104,7 +103,6 @@ def replay_job(cfg: DictConfig) -> dict:
     # A sweep's job runs in a launcher's worker process, which did not start as a command:
     # a Ctrl-C landing in numba's compile there would print Python's "ignored" traceback.
     resend_interrupts_lost_in_callbacks()
-    count_references_plainly()  # before this process first compiles or loads compiled code
     try:
         return surfacing_interrupts(_replay, cfg, out_dir)  # a job cut by Ctrl-C has not failed
     except Exception as exc:
@@ -148,8 +146,10 @@ def _replay(cfg: DictConfig, out_dir: Path) -> dict:
         resolved = validate_config(cfg)
         # Imported here, not at the top: the engine (numba, pandas, scipy) is most of the
         # start-up, and `--help`, a config error or a sweep's parent process needs none of it.
+        from replay.engine.jit import count_references_plainly
         from replay.run import run
 
+        count_references_plainly()  # before this process first compiles or loads compiled code
         if cfg.get("study") is not None:
             summary = instantiate(cfg.study, _partial_=True)(cfg=cfg, out_dir=out_dir)
         else:
