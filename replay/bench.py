@@ -82,8 +82,6 @@ def scenario_names(text: str) -> list[str]:
 
 
 def main() -> None:
-    print(f"numba reference counts: {'plain' if count_references_plainly() else 'atomic'} "
-          f"(replay.engine.jit.count_references_plainly)")
     parser = argparse.ArgumentParser(prog="python -m replay.bench",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=10_000)
@@ -105,6 +103,8 @@ def main() -> None:
                         help="time a multirun of N short replays instead (policies in turn)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
+    print(f"numba reference counts: {'plain' if count_references_plainly() else 'atomic'} "
+          f"(replay.engine.jit.count_references_plainly)")
     if args.sweep:
         bench_sweep(args.sweep, args.policies.split(","), args.overrides)
         return

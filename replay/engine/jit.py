@@ -276,11 +276,12 @@ def count_references_plainly() -> bool:
     """Make numba count references without atomic instructions in this process, if its
     runtime is not up yet; returns whether the counts are plain. kvsched's commands call it
     first thing. Every compiled call that takes the state record counts a reference to it up
-    and down, and the atomic kind of count cost about a third of the steady stretch's loop
-    time; the kind comes from the runtime of the process that runs the code, not from the
-    disk cache. Plain counts are safe where one thread at a time runs compiled code, which
-    holds for kvsched (it never releases the GIL in compiled code); a process that also runs
-    numba code on several threads (``parallel=True``, ``nogil=True``) must set
+    and down, and the atomic kind of count is slow next to a step of the steady stretch,
+    which does little else (``replay.crosscheck``'s arXiv cases show it). The kind comes
+    from the runtime of the process that runs the code, not from the disk cache. Plain
+    counts are safe where one thread at a time runs compiled code, which holds for kvsched
+    (it never releases the GIL in compiled code); a process that also runs numba code on
+    several threads (``parallel=True``, ``nogil=True``) must set
     :data:`ATOMIC_REFCOUNTS_ENV`. A library use of kvsched keeps numba's default."""
     from numba.core.runtime import nrt, nrtdynmod
 
