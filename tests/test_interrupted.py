@@ -135,7 +135,9 @@ ENGINE_LOG = "vllm_logs/llmservingsim/RTX4090/Llama-3.1-8B"
     # (the whole check takes about 3 s on a quiet 2-core machine: 3.0 s raced its end)
     (["replay.engine_check", "{data}/" + ENGINE_LOG, "--out", "{tmp}"], 1.5),
     (["replay.fluid", "experiment=b1_wait_low"], 0.5),  # a short command: while it imports
-    (["traces.stats", "workload=lmsys"], 1.0),
+    # drawing ten million requests (2.5 s on a quiet 2-core machine; lmsys's file took 1.0-1.9
+    # s in all and raced a 1.0 s wait)
+    (["traces.stats", "workload=lmsys_synthetic", "workload.n=10000000"], 1.0),
     (["traces.stats", "workload=lmsys"], 0.3),  # still importing pandas
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_ctrl_c_ends_every_command_with_one_line(tmp_path, data_dir, command, seconds):
