@@ -103,7 +103,8 @@ def main() -> None:
                         help="time a multirun of N short replays instead (policies in turn)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
-    print(f"numba reference counts: {'plain' if count_references_plainly() else 'atomic'} "
+    plain = run_or_exit(count_references_plainly)
+    print(f"numba reference counts: {'plain' if plain else 'atomic'} "
           f"(replay.engine.jit.count_references_plainly)")
     if args.sweep:
         bench_sweep(args.sweep, args.policies.split(","), args.overrides)

@@ -320,7 +320,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int, bo
 
 
 def main() -> None:
-    count_references_plainly()
+    run_or_exit(count_references_plainly)
     setup, out, repeat, whole_process = parse_arguments()
     run_or_exit(ensure_writable_dir, out)  # before minutes of simulation, not after
     speed = run_or_exit(crosscheck, setup, out, repeat=repeat, whole_process=whole_process)

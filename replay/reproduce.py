@@ -326,7 +326,7 @@ RESUME_HINT = "finished runs are kept, and the same command resumes from them"
 
 
 def main() -> None:
-    count_references_plainly()
+    run_or_exit(count_references_plainly)
     parser = argparse.ArgumentParser(
         prog="python -m replay.reproduce",
         description="Reproduce the papers' figures: run each target's experiment, draw its "

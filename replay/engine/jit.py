@@ -48,6 +48,8 @@ import platformdirs
 from numba.core.caching import UserProvidedCacheLocator
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
+from replay.errors import InputError
+
 #: Modules (relative to the folder holding the ``replay`` and ``policies`` packages) that
 #: define compiled functions: their sources key the disk cache.
 JIT_SOURCES = (
@@ -268,7 +270,8 @@ def jit(function=None, **options):
     return decorate if function is None else decorate(function)
 
 
-#: Set to ``1`` to keep numba's atomic reference counts in kvsched's commands.
+#: ``1`` keeps numba's atomic reference counts in kvsched's commands; ``0`` (or unset) does
+#: not.
 ATOMIC_REFCOUNTS_ENV = "KVSCHED_ATOMIC_REFCOUNTS"
 
 
@@ -287,7 +290,11 @@ def count_references_plainly() -> bool:
 
     if not hasattr(nrtdynmod, "_disable_atomicity"):  # a numba without the switch (a test
         return False                                  # holds the installed one to having it)
-    if os.environ.get(ATOMIC_REFCOUNTS_ENV) != "1" and not nrt.rtsys._init:
+    keep_atomic = os.environ.get(ATOMIC_REFCOUNTS_ENV, "0")
+    if keep_atomic not in ("0", "1"):
+        raise InputError(f"{ATOMIC_REFCOUNTS_ENV}={keep_atomic!r}: set it to 1 to keep numba's "
+                         f"atomic reference counts, or to 0 (or unset it) for plain ones")
+    if keep_atomic == "0" and not nrt.rtsys._init:
         nrtdynmod._disable_atomicity = 1  # numba's own switch, read when its runtime starts
     return reference_counts() == "plain"
 

@@ -797,7 +797,8 @@ def _decode_stretch(s, timing, price_decodes, room):
     go_on = False
     # Each step counts one step and one idle step, so the run's own stops are a step budget;
     # kept in a local, as is everything the steps read or write without a call (every call
-    # that takes the state record counts a reference to it up and down, atomically).
+    # that takes the state record counts a reference to it up and down: atomically, unless
+    # replay.engine.jit.count_references_plainly ran).
     before_stop = idle_steps_before_stop(s)
     next_arrival = s.next_arrival
     while done < room:
