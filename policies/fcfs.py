@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.common.lookahead import start_admissible
+from policies.common.lookahead import lookahead_memory, start_admissible
 from replay.engine.jit import jit
 from replay.engine.policy import OverflowRule, RunSetup
 from replay.engine.rules import CompiledPolicy
@@ -23,11 +23,11 @@ def fcfs_decide(s, rule):
 class FCFSLookahead(CompiledPolicy):
     """Running requests always continue; admit waiting requests in arrival order (ties by
     workload position) while the lookahead check passes, stopping at the first that fails
-    (no skipping). Its record keeps the lookahead's hint (``ints[0]``)."""
+    (no skipping). Its record keeps the lookahead's memory (``counts``)."""
 
     overflow: OverflowRule
 
     decision = fcfs_decide
 
     def rule_state(self, setup: RunSetup):
-        return new_rule_state(ints=[-1])
+        return new_rule_state(counts=lookahead_memory(setup.n))

@@ -6,16 +6,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.common.lookahead import start_admissible
+from policies.common.lookahead import lookahead_memory, start_admissible
 from replay.engine.jit import jit
 from replay.engine.policy import OverflowRule, RunSetup
 from replay.engine.rules import CompiledPolicy
 from replay.engine.sorting import sorted_copy
 from replay.engine.state import WAITING, new_rule_state
 
-#: The rule's record: ``ints`` = [lookahead hint, length of the kept order]; ``ids[:length]``
-#: the waiting queue in ascending (estimate, id); ``marks[id]``: ``id`` is in it.
-HINT, LENGTH = 0, 1
+#: The rule's record: ``ints`` = [length of the kept order]; ``ids[:length]`` the waiting
+#: queue in ascending (estimate, id); ``marks[id]``: ``id`` is in it; ``counts``: the
+#: lookahead's memory.
+LENGTH = 0
 #: Combined keys ``estimate * n + id`` must stay below this (int64, with headroom).
 KEY_LIMIT = 2 ** 62
 
@@ -99,5 +100,6 @@ class MCSF(CompiledPolicy):
         if int(setup.estimate.max(initial=0)) >= KEY_LIMIT // max(setup.n, 1):
             raise ValueError("MC-SF: predicted outputs too large to order by (estimate, id) "
                              "in int64")
-        return new_rule_state(ints=[-1, 0], ids=np.zeros(setup.n, dtype=np.int64),
-                              marks=np.zeros(setup.n, dtype=np.bool_))
+        return new_rule_state(ints=[0], ids=np.zeros(setup.n, dtype=np.int64),
+                              marks=np.zeros(setup.n, dtype=np.bool_),
+                              counts=lookahead_memory(setup.n))

@@ -7,7 +7,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.common.lookahead import admissible_prefix, peak_kv
+from policies.common.lookahead import (
+    admissible_prefix,
+    lookahead_memory,
+    ordered_profile_into,
+    peak_kv,
+)
 from policies.fcfs import FCFSLookahead
 from replay.engine.overflow import EvictLIFO
 from replay.engine.policy import PolicyView
@@ -98,3 +103,34 @@ def test_a_request_that_kept_tokens_is_checked_with_them():
     assert admissible_prefix(view, np.array([0])) == 1
     view = make_view(20, [4, 1], [10, 12], [6, 2], [1], [0])
     assert admissible_prefix(view, np.array([0])) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_the_kept_running_order_is_the_sorted_profile_after_any_change(data):
+    """The compiled check keeps the running set's order between calls. Whatever happens
+    between two calls (requests start and leave; most advance a token, some do not, some
+    restart from nothing), each call's rows are the running set's profile in descending
+    iterations left."""
+    n = data.draw(st.integers(1, 30))
+    prompt = np.array(data.draw(st.lists(st.integers(1, 20), min_size=n, max_size=n)))
+    estimate = np.array(data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n)))
+    generated = np.zeros(n, dtype=np.int64)
+    memory = lookahead_memory(n)
+    base, remaining, keys = (np.zeros(n, dtype=np.int64) for _ in range(3))
+    running: list[int] = []
+    for _ in range(data.draw(st.integers(1, 8))):
+        running = [rid for rid in running if data.draw(st.booleans())]
+        running += [rid for rid in range(n) if rid not in running and data.draw(st.booleans())]
+        for rid in running:
+            generated[rid] = data.draw(st.sampled_from(
+                [generated[rid] + 1, generated[rid] + 1, generated[rid], 0]))
+        ids = np.array(running, dtype=np.int64)
+        total = ordered_profile_into(memory, ids, ids.size, prompt, generated, estimate, base,
+                                     remaining, keys)
+        want_remaining = np.maximum(estimate[ids] - generated[ids], 1)
+        pairs = sorted(zip(prompt[ids] + generated[ids], want_remaining, strict=True))
+        got = sorted(zip(base[:ids.size], remaining[:ids.size], strict=True))
+        assert got == pairs
+        assert total == sum(b for b, _ in pairs)
+        assert (np.diff(remaining[:ids.size]) <= 0).all()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.common.lookahead import start_admissible
+from policies.common.lookahead import lookahead_memory, start_admissible
 from replay.engine.jit import jit
 from replay.engine.policy import OverflowRule, RunSetup
 from replay.engine.rules import CompiledPolicy
@@ -22,9 +22,11 @@ from replay.engine.state import new_rule_state
 @jit
 def longest_prompt_first_decide(s, rule):
     """The waiting queue by descending prompt length (ties: queue order), started as far as
-    the lookahead check admits (``rule.ints[0]`` is the check's hint)."""
+    the lookahead check admits (``rule.counts`` is the check's memory)."""
     n = s.qtail - s.qhead
-    keys, order = rule.counts, rule.ids  # this rule's own buffers (see rule_state)
+    # keys: the decision's scratch (free until start_admissible, which uses it); order: the
+    # rule's own buffer (see rule_state), which start_admissible reads
+    keys, order = s.scratch, rule.ids
     for i in range(n):
         keys[i] = -s.prompt_len[s.queue[s.qhead + i]]
     ranked = stable_argsort(keys, n)
@@ -42,5 +44,5 @@ class LongestPromptFirstCompiled(CompiledPolicy):
     decision = longest_prompt_first_decide
 
     def rule_state(self, setup: RunSetup):
-        return new_rule_state(ints=[-1], ids=np.zeros(setup.n, dtype=np.int64),
-                              counts=np.zeros(setup.n, dtype=np.int64))
+        return new_rule_state(ids=np.zeros(setup.n, dtype=np.int64),
+                              counts=lookahead_memory(setup.n))

@@ -44,29 +44,40 @@ def iterations_left(estimate, generated, rid):
 
 
 @jit
-def _peak_and_checkpoint(base, remaining, n, order_key):
+def _peak_and_checkpoint(base, remaining, n, n_sorted, order_key):
     """Token-exact peak KV of ``(base[:n], remaining[:n])`` and a checkpoint where it is
-    reached: checkpoint ``remaining[k]`` holds ``cumsum(base)[k] + (k + 1) * remaining[k]`` in
-    descending ``remaining`` order."""
-    for k in range(n):
-        order_key[k] = -remaining[k]
-    order = stable_argsort(order_key, n)
+    reached: in descending ``remaining`` order, checkpoint ``remaining[k]`` holds
+    ``cumsum(base)[k] + (k + 1) * remaining[k]``. The first ``n_sorted`` rows are in that
+    order already; the rest are sorted and merged in. Neither result depends on the order of
+    rows with equal ``remaining`` (within them the KV grows), so no order of ties is kept."""
+    tail = n - n_sorted
+    for k in range(tail):
+        order_key[k] = -remaining[n_sorted + k]
+    order = stable_argsort(order_key, tail)
     best = 0
     at = 0
     cumulative = 0
+    i = 0
+    j = 0
     for k in range(n):
-        j = order[k]
-        cumulative += base[j]
-        kv = cumulative + (k + 1) * remaining[j]
+        if j >= tail or (i < n_sorted and remaining[i] >= remaining[n_sorted + order[j]]):
+            row = i
+            i += 1
+        else:
+            row = n_sorted + order[j]
+            j += 1
+        cumulative += base[row]
+        kv = cumulative + (k + 1) * remaining[row]
         if kv > best:
-            best, at = kv, remaining[j]
+            best, at = kv, remaining[row]
     return best, at
 
 
 @jit
-def compiled_peak_kv(base, remaining, n, block, order_key):
+def compiled_peak_kv(base, remaining, n, n_sorted, block, order_key):
     """The largest KV requests ``(base[:n], remaining[:n])`` hold at any future checkpoint,
-    in whole blocks of ``block`` slots (token-exact at 1)."""
+    in whole blocks of ``block`` slots (token-exact at 1). The first ``n_sorted`` rows are in
+    descending ``remaining`` order (any other order of them gives the same answer)."""
     if n == 0:
         return 0
     if block > 1:
@@ -79,7 +90,7 @@ def compiled_peak_kv(base, remaining, n, block, order_key):
                     total += blocks(base[j] + c, block) * block
             best = max(best, total)
         return best
-    return _peak_and_checkpoint(base, remaining, n, order_key)[0]
+    return _peak_and_checkpoint(base, remaining, n, n_sorted, order_key)[0]
 
 
 @jit
@@ -95,10 +106,94 @@ def profile_into(ids, n, prompt_len, generated, estimate, base, remaining):
     return total
 
 
+#: The lookahead's memory across calls (:func:`lookahead_memory`): the hint (an absolute
+#: iteration where the first candidate's check last failed, -1: none), the number of the
+#: last call, the length of the kept order, then the kept order of the running set
+#: (``n`` slots) and, per request, the number of the last call that kept it (``n`` slots).
+HINT, CALL, LENGTH, ORDER = 0, 1, 2, 3
+
+
+def lookahead_memory(n: int) -> np.ndarray:
+    """A fresh memory for the lookahead of a run of ``n`` requests (the record array a policy
+    that admits through :func:`start_admissible` gives as its rule state's ``counts``)."""
+    memory = np.zeros(ORDER + 2 * n, dtype=np.int64)
+    memory[HINT] = -1
+    memory[CALL] = 1  # no request is kept by call 1: none is kept yet
+    return memory
+
+
+@jit
+def ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate, base,
+                         remaining, order_key):
+    """:func:`profile_into` of the running set ``running[:n_run]``, its rows in descending
+    iterations left; returns the base sum.
+
+    The order is kept in ``memory`` from one call to the next: requests that still run keep
+    their places, and those that joined since are sorted and merged in, so a call costs a
+    sort of the newcomers, not of the whole set. While every running request advances one
+    token per iteration, iterations left fall together and the kept order stays right; when
+    it does not (chunked prefill, a request evicted and readmitted between two calls), the
+    walk finds it out of order and sorts it all again. Speed only: the peak does not depend
+    on the order of the rows."""
+    n = (memory.size - ORDER) // 2
+    kept_order = memory[ORDER:ORDER + n]
+    kept_by = memory[ORDER + n:]
+    previous = memory[CALL]
+    current = previous + 1
+    memory[CALL] = current
+    joined = 0
+    for k in range(n_run):
+        rid = running[k]
+        if kept_by[rid] != previous:
+            order_key[joined] = rid
+            joined += 1
+        kept_by[rid] = current
+    kept = 0
+    in_order = True
+    last = 2 ** 62
+    for i in range(memory[LENGTH]):
+        rid = kept_order[i]
+        if kept_by[rid] == current:  # still running
+            kept_order[kept] = rid
+            kept += 1
+            left = iterations_left(estimate, generated, rid)
+            in_order &= left <= last
+            last = left
+    for j in range(joined):
+        kept_order[kept + j] = order_key[j]
+    memory[LENGTH] = n_run
+    if in_order:  # sort the newcomers, merge them in from the back
+        for j in range(joined):
+            order_key[j] = -iterations_left(estimate, generated, kept_order[kept + j])
+        order = stable_argsort(order_key, joined)
+        for j in range(joined):  # base holds ids until profile_into fills it
+            base[j] = kept_order[kept + order[j]]
+        i, j = kept - 1, joined - 1
+        for out in range(n_run - 1, -1, -1):
+            if j < 0:
+                break
+            if i >= 0 and (iterations_left(estimate, generated, kept_order[i])
+                           < iterations_left(estimate, generated, base[j])):
+                kept_order[out] = kept_order[i]
+                i -= 1
+            else:
+                kept_order[out] = base[j]
+                j -= 1
+    else:
+        for k in range(n_run):
+            order_key[k] = -iterations_left(estimate, generated, kept_order[k])
+        order = stable_argsort(order_key, n_run)
+        for k in range(n_run):
+            base[k] = kept_order[order[k]]
+        for k in range(n_run):
+            kept_order[k] = base[k]
+    return profile_into(kept_order, n_run, prompt_len, generated, estimate, base, remaining)
+
+
 @jit(inline="always")
 def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held, prompt_len,
                      prefill_len, generated, estimate, running, n_run, start, base, remaining,
-                     order_key, hint, iteration, cache):
+                     order_key, memory, iteration, cache):
     """How many of ``candidates[:n_cand]``, walked in order, can start now beside
     ``running[:n_run]``: the longest prefix that passes the lookahead check (written to
     ``start``): :func:`first_candidate_fits`, then :func:`admissible_after_first`.
@@ -112,7 +207,7 @@ def admissible_count(candidates, n_cand, kv_capacity, block, kv_held, check_held
     first = first_candidate_fits(
         candidates, footprint(cache, prefill_len, candidates[0]), kv_capacity, block, kv_held,
         check_held, prompt_len, generated, estimate, running, n_run, base, remaining,
-        order_key, hint, iteration)
+        order_key, memory, iteration)
     if first < 0:
         return 0
     return admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefill_len,
@@ -137,29 +232,32 @@ def footprint(cache, prefill_len, rid):
 @jit(inline="always")
 def first_candidate_fits(candidates, first_new, kv_capacity, block, kv_held, check_held,
                          prompt_len, generated, estimate, running, n_run, base, remaining,
-                         order_key, hint, iteration):
+                         order_key, memory, iteration):
     """Whether ``candidates[0]``, whose footprint is ``first_new`` slots, can start beside
     ``running[:n_run]``: the running set's KV at the first checkpoint if so (profiles of the
-    running set and the candidate written to ``base``, ``remaining``), else -1.
+    running set, in descending iterations left, then the candidate written to ``base``,
+    ``remaining``), else -1.
 
     ``check_held``: first test the KV held now (``kv_held``), a lower bound of the running
     set's KV at the first checkpoint (each holds at most ``s + generated`` slots and grows by
-    one): when the first candidate cannot join even that, no prefix can. ``hint[0]`` is an
-    absolute iteration where the first candidate's check last failed (token-exact, speed
-    only): a decoding request's KV at a fixed future iteration does not move, so the KV
+    one): when the first candidate cannot join even that, no prefix can. ``memory`` (see
+    :func:`lookahead_memory`) keeps the running set's order and a hint: an absolute
+    iteration where the first candidate's check last failed (token-exact, speed only): a
+    decoding request's KV at a fixed future iteration does not move, so the KV
     there, a lower bound of the peak, usually still rules the candidate out."""
     if check_held and kv_held + n_run + first_new + 1 > kv_capacity:
         return -1
-    first = profile_into(running, n_run, prompt_len, generated, estimate, base, remaining)
+    first = ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate,
+                                 base, remaining, order_key)
     first += n_run
     budget = kv_capacity
     base[n_run] = first_new
     remaining[n_run] = iterations_left(estimate, generated, candidates[0])
     if block > 1 or n_run == 0:
-        if compiled_peak_kv(base, remaining, n_run + 1, block, order_key) > budget:
+        if compiled_peak_kv(base, remaining, n_run + 1, n_run, block, order_key) > budget:
             return -1
     else:
-        checkpoint = hint[0] - iteration
+        checkpoint = memory[HINT] - iteration
         if checkpoint > 1:  # checkpoint 1 is what the held-KV test rules out
             excess = -budget
             for k in range(n_run):
@@ -169,9 +267,9 @@ def first_candidate_fits(candidates, first_new, kv_capacity, block, kv_held, che
                 excess += base[n_run] + checkpoint
             if excess > 0:
                 return -1
-        peak, at = _peak_and_checkpoint(base, remaining, n_run + 1, order_key)
+        peak, at = _peak_and_checkpoint(base, remaining, n_run + 1, n_run, order_key)
         if peak > budget:
-            hint[0] = iteration + at
+            memory[HINT] = iteration + at
             return -1
     return first
 
@@ -203,14 +301,16 @@ def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefil
         base[n_run + k] = added
         remaining[n_run + k] = iterations_left(estimate, generated, rid)
         upper += 1
-    if upper > 1 and compiled_peak_kv(base, remaining, n_run + upper, block, order_key) > budget:
+    if upper > 1 and compiled_peak_kv(base, remaining, n_run + upper, n_run, block,
+                                      order_key) > budget:
         good, bad = 1, 2
-        while bad < upper and compiled_peak_kv(base, remaining, n_run + bad, block,
+        while bad < upper and compiled_peak_kv(base, remaining, n_run + bad, n_run, block,
                                                order_key) <= budget:
             good, bad = bad, min(2 * bad, upper)
         while bad - good > 1:
             mid = (good + bad) // 2
-            if compiled_peak_kv(base, remaining, n_run + mid, block, order_key) <= budget:
+            if compiled_peak_kv(base, remaining, n_run + mid, n_run, block,
+                                order_key) <= budget:
                 good = mid
             else:
                 bad = mid
@@ -223,13 +323,14 @@ def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefil
 @jit
 def start_admissible(s, rule, candidates, n_cand):
     """The decision of a policy that walks ``candidates[:n_cand]`` and starts what the
-    lookahead admits (``rule.ints[0]`` keeps its hint). With nothing to start because
+    lookahead admits (``rule.counts`` is the lookahead's memory: :func:`lookahead_memory`).
+    With nothing to start because
     nothing waits or the first candidate cannot join the KV held now, that stays so until
     a request arrives or completes: the decision promises it (``steady``)."""
     s.n_start = admissible_count(
         candidates, n_cand, s.capacity, s.block, s.kv_held, np.bool_(True), s.prompt_len,
         s.prefill_len, s.generated, s.estimate, s.running, s.n_run, s.start, s.scratch,
-        s.scratch2, s.scratch3, rule.ints[0:1], s.iteration, s)
+        s.scratch2, s.scratch3, rule.counts, s.iteration, s)
     # The promise rests on the held-KV test, which only grows harder: the KV held grows and
     # the first candidate's cached prefix can only shrink (a reclaim) until the next event.
     if s.n_start == 0 and (n_cand == 0 or s.kv_held + s.n_run + 1 > s.capacity - footprint(
@@ -247,7 +348,7 @@ def peak_kv(base: np.ndarray, remaining: np.ndarray, block_size: int = 1) -> int
     """The largest KV requests ``(base, remaining)`` hold at any future checkpoint (see the
     module docstring)."""
     base, remaining = _ids(base), _ids(remaining)
-    return int(compiled_peak_kv(base, remaining, base.size, block_size,
+    return int(compiled_peak_kv(base, remaining, base.size, 0, block_size,
                                 np.empty(base.size, dtype=np.int64)))
 
 
@@ -282,4 +383,4 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
         _ids(view.predicted_output if estimate is None else estimate), run, run.size,
         np.empty(max(candidates.size, 1), dtype=np.int64), *(np.empty(size, dtype=np.int64)
                                                             for _ in range(3)),
-        np.full(1, -1, dtype=np.int64), view.iteration, None))
+        lookahead_memory(len(view.prompt_len)), view.iteration, None))
