@@ -77,14 +77,12 @@ def attribute_to_victims(s, running, n_run, after, capacity):
 @jit
 def free_blocks(s):
     """Blocks a serving policy may still allocate: the capacity less what the running
-    requests hold (with the prefix cache, shared blocks once and free entries not)."""
+    requests hold (with the prefix cache, shared blocks once and free entries not). The
+    engine keeps their count (``blocks_held``; with blocks of one slot, ``kv_held``), so no
+    walk over the running set is needed."""
     if s.cache_on:
         return s.capacity // s.block - blocks_taken(s)
-    used = 0
-    running, held, block = s.running, s.held, s.block
-    for k in range(s.n_run):
-        used += blocks(held[running[k]], block)
-    return s.capacity // s.block - used
+    return s.capacity // s.block - (s.blocks_held if s.block > 1 else s.kv_held)
 
 
 @jit
