@@ -106,10 +106,21 @@ def profile_into(ids, n, prompt_len, generated, estimate, base, remaining):
     return total
 
 
+@jit
+def _by_iterations_left(ids, n, estimate, generated, order_key, out):
+    """``ids[:n]`` in descending iterations left, written to ``out[:n]``."""
+    for k in range(n):
+        order_key[k] = -iterations_left(estimate, generated, ids[k])
+    order = stable_argsort(order_key, n)
+    for k in range(n):
+        out[k] = ids[order[k]]
+
+
 #: The lookahead's memory across calls (:func:`lookahead_memory`): the hint (an absolute
 #: iteration where the first candidate's check last failed, -1: none), the number of the
 #: last call, the length of the kept order, then the kept order of the running set
 #: (``n`` slots) and, per request, the number of the last call that kept it (``n`` slots).
+#: A memory for no requests (``n = 0``) keeps only the hint: the running set is sorted afresh.
 HINT, CALL, LENGTH, ORDER = 0, 1, 2, 3
 
 
@@ -136,6 +147,10 @@ def ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate
     walk finds it out of order and sorts it all again. Speed only: the peak does not depend
     on the order of the rows."""
     n = (memory.size - ORDER) // 2
+    if n == 0:  # no memory (a call from Python): sort the running set afresh
+        _by_iterations_left(running, n_run, estimate, generated, order_key, base)
+        # base holds the ids until profile_into fills it (each row's id is read first)
+        return profile_into(base, n_run, prompt_len, generated, estimate, base, remaining)
     kept_order = memory[ORDER:ORDER + n]
     kept_by = memory[ORDER + n:]
     previous = memory[CALL]
@@ -162,12 +177,9 @@ def ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate
     for j in range(joined):
         kept_order[kept + j] = order_key[j]
     memory[LENGTH] = n_run
-    if in_order:  # sort the newcomers, merge them in from the back
-        for j in range(joined):
-            order_key[j] = -iterations_left(estimate, generated, kept_order[kept + j])
-        order = stable_argsort(order_key, joined)
-        for j in range(joined):  # base holds ids until profile_into fills it
-            base[j] = kept_order[kept + order[j]]
+    if in_order:  # sort the newcomers (into base, until profile_into fills it), merge them
+        # in from the back
+        _by_iterations_left(kept_order[kept:], joined, estimate, generated, order_key, base)
         i, j = kept - 1, joined - 1
         for out in range(n_run - 1, -1, -1):
             if j < 0:
@@ -180,11 +192,7 @@ def ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate
                 kept_order[out] = base[j]
                 j -= 1
     else:
-        for k in range(n_run):
-            order_key[k] = -iterations_left(estimate, generated, kept_order[k])
-        order = stable_argsort(order_key, n_run)
-        for k in range(n_run):
-            base[k] = kept_order[order[k]]
+        _by_iterations_left(kept_order, n_run, estimate, generated, order_key, base)
         for k in range(n_run):
             kept_order[k] = base[k]
     return profile_into(kept_order, n_run, prompt_len, generated, estimate, base, remaining)
@@ -383,4 +391,4 @@ def admissible_prefix(view: PolicyView, candidates: np.ndarray,
         _ids(view.predicted_output if estimate is None else estimate), run, run.size,
         np.empty(max(candidates.size, 1), dtype=np.int64), *(np.empty(size, dtype=np.int64)
                                                             for _ in range(3)),
-        lookahead_memory(len(view.prompt_len)), view.iteration, None))
+        lookahead_memory(0), view.iteration, None))
