@@ -120,7 +120,8 @@ def _by_iterations_left(ids, n, estimate, generated, order_key, out):
 #: iteration where the first candidate's check last failed, -1: none), the number of the
 #: last call, the length of the kept order, then the kept order of the running set
 #: (``n`` slots) and, per request, the number of the last call that kept it (``n`` slots).
-#: A memory for no requests (``n = 0``) keeps only the hint: the running set is sorted afresh.
+#: A memory for fewer requests than the run has (``lookahead_memory(0)``) keeps only the hint:
+#: the running set is sorted afresh at every call.
 HINT, CALL, LENGTH, ORDER = 0, 1, 2, 3
 
 
@@ -147,7 +148,8 @@ def ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate
     walk finds it out of order and sorts it all again. Speed only: the peak does not depend
     on the order of the rows."""
     n = (memory.size - ORDER) // 2
-    if n == 0:  # no memory (a call from Python): sort the running set afresh
+    if n < estimate.size:  # no memory (a call from Python; or a record that gave its
+        # counts some other size, which must not be indexed by request): sort afresh
         _by_iterations_left(running, n_run, estimate, generated, order_key, base)
         # base holds the ids until profile_into fills it (each row's id is read first)
         return profile_into(base, n_run, prompt_len, generated, estimate, base, remaining)
