@@ -158,7 +158,7 @@ def ordered_profile_into(memory, running, n_run, prompt_len, generated, estimate
     previous = memory[CALL]
     current = previous + 1
     memory[CALL] = current
-    joined = 0
+    joined = np.int64(0)  # (a literal 0 would type a second signature of the callee below)
     for k in range(n_run):
         rid = running[k]
         if kept_by[rid] != previous:
