@@ -77,12 +77,12 @@ def attribute_to_victims(s, running, n_run, after, capacity):
 @jit
 def free_blocks(s):
     """Blocks a serving policy may still allocate: the capacity less what the running
-    requests hold (with the prefix cache, shared blocks once and free entries not). The
-    engine keeps their count (``blocks_held``; with blocks of one slot, ``kv_held``), so no
-    walk over the running set is needed."""
-    if s.cache_on:
+    requests hold (with the prefix cache, shared blocks once and free entries not): the
+    engine's own count, no walk over the running set. It counts blocks where a block holds
+    more than one slot (the prefix cache needs that), else slots (``kv_held``)."""
+    if s.block > 1:
         return s.capacity // s.block - blocks_taken(s)
-    return s.capacity // s.block - (s.blocks_held if s.block > 1 else s.kv_held)
+    return s.capacity - s.kv_held
 
 
 @jit
