@@ -320,8 +320,8 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int, bo
 
 
 def main() -> None:
-    run_or_exit(count_references_plainly)
     setup, out, repeat, whole_process = parse_arguments()
+    run_or_exit(count_references_plainly)  # before any run compiles or loads compiled code
     run_or_exit(ensure_writable_dir, out)  # before minutes of simulation, not after
     speed = run_or_exit(crosscheck, setup, out, repeat=repeat, whole_process=whole_process)
     total = speed.sum(numeric_only=True)

@@ -326,7 +326,6 @@ RESUME_HINT = "finished runs are kept, and the same command resumes from them"
 
 
 def main() -> None:
-    run_or_exit(count_references_plainly)
     parser = argparse.ArgumentParser(
         prog="python -m replay.reproduce",
         description="Reproduce the papers' figures: run each target's experiment, draw its "
@@ -361,6 +360,7 @@ def main() -> None:
         print(targets_markdown() if args.markdown else target_list(args.outputs, args.quick))
         return
     run_or_exit(check_arguments, args)
+    run_or_exit(count_references_plainly)  # before any run compiles or loads compiled code
     names = list(TARGETS) if "all" in args.targets else [t for t in args.targets
                                                           if t != "report"]
     failed, rows = [], []

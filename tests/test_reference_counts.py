@@ -58,10 +58,10 @@ def test_a_run_of_the_command_records_plain_counts(tmp_path):
     assert summary["engine_path"]["reference_counts"] == "plain"
 
 
-@pytest.mark.parametrize("command", [["replay", "workload.n=20"], ["replay.bench", "--n", "20"]])
+@pytest.mark.parametrize("command", [["replay", "workload.n=20", "hydra.run.dir=run"],
+                                     ["replay.bench", "--n", "20"]])
 def test_a_bad_value_of_the_switch_is_one_error_line(tmp_path, command):
-    done = subprocess.run([sys.executable, "-m", *command, f"hydra.run.dir={tmp_path}"]
-                          if command[0] == "replay" else [sys.executable, "-m", *command],
+    done = subprocess.run([sys.executable, "-m", *command],
                           capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, ATOMIC_REFCOUNTS_ENV: "yes"}, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
