@@ -173,6 +173,21 @@ def test_the_engine_gives_the_oracles_results(policy, timing, workload):
                                         livelock_window=500, **options))
 
 
+def test_a_log_longer_than_its_first_room_grows_and_keeps_every_row():
+    """The iteration log starts with room for 4,096 rows and doubles when full: three
+    requests of 1,800 tokens each decode one at a time (one running), about 5,400 steps and
+    so a doubling, with the cache's log beside it."""
+    requests = Requests(np.array([4, 4, 4]), np.array([1800, 1800, 1800]), arrival=np.zeros(3),
+                        type_id=np.zeros(3, np.int64), block_ids=np.array([7], np.int64),
+                        block_offsets=np.array([0, 1, 1, 1], np.int64), block_unit=4)
+    kv = replace(explicit(1804, 4), prefix_cache="block_hash", cache_eviction="lru")
+    result, reference = engine_and_oracle(requests, POLICIES["fcfs"], TIMINGS["unit"], kv,
+                                          fast_forward=False)
+    assert len(result.iterations) > 4096
+    assert_identical(result, reference)
+    assert result.prefix_cache == reference.prefix_cache
+
+
 @st.composite
 def prefix_workloads(draw, max_n: int = 12):
     """Requests whose prompts share prefixes: each belongs to one of three families and
