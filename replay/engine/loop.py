@@ -269,6 +269,8 @@ PHASES_FOR_A_HELPER = (
 )
 #: What a helper process may compile besides the rules, by position (a key).
 BESIDE_THE_LOOP = AROUND_THE_LOOP + PHASES_FOR_A_HELPER
+#: The functions the first run's line calls "the step loop".
+_LOOP_FUNCTIONS = frozenset(f for f, _ in (*LOOP_AND_AROUND, *PHASES_FOR_A_HELPER))
 
 
 def beside_the_loop_signature(key: str):
@@ -320,12 +322,15 @@ def ensure_compiled(rules) -> float:
     seconds = time.perf_counter() - started
     functions = [f for f, _ in missing]
     here = compiling.compiled_from_scratch(functions)
-    compiled = [f.__name__ for f in functions if f in here or f.__name__ in by_helper]
-    if compiled:
+    compiled = [f for f in functions if f in here or f.__name__ in by_helper]
+    # The loop's own functions are one thing to a reader; the rules are named.
+    said = ["the step loop"] if any(f in _LOOP_FUNCTIONS for f in compiled) else []
+    said += [f.__name__ for f in compiled if f not in _LOOP_FUNCTIONS]
+    if said:
         log.warning("kvsched: compiled %s in %.1f s%s, once: later runs load %s from the "
-                    "disk cache (%s)", ", ".join(compiled), seconds,
+                    "disk cache (%s)", ", ".join(said), seconds,
                     " (two processes)" if by_helper else "",
-                    "them" if len(compiled) > 1 else "it", compiling.CACHE_DIR)
+                    "them" if len(said) > 1 else "it", compiling.CACHE_DIR)
     _ready.update(functions)
     return seconds
 
