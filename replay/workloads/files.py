@@ -149,6 +149,18 @@ def cap_rows(requests: Requests, drop_nonpositive: bool, caps: dict[str, int | N
     return capped.take(np.flatnonzero(keep)), counts
 
 
+def draw_from_pool(pool: Requests, rng: np.random.Generator, n: int | None, replace: bool,
+                   path: str) -> Requests:
+    """``n`` requests drawn from a trace file's ``pool`` (read from ``path``), seeded, with or
+    without replacement; ``n=None``: the whole pool in file order."""
+    if n is None:
+        return pool
+    if not replace and n > len(pool):
+        raise RequestError(f"{path}: asked for n={n} requests without replacement but only "
+                           f"{len(pool)} usable rows remain (dropped: {pool.dropped or 'none'})")
+    return pool.take(rng.choice(len(pool), size=n, replace=replace))
+
+
 @dataclass(frozen=True)
 class CsvTrace:
     """Request lengths (and optionally timestamps) from a CSV file.
@@ -203,12 +215,5 @@ class CsvTrace:
         return replace(kept, dropped=dropped)
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
-        pool = self.pool()
-        n = self.n if n is None else n
-        if n is None:
-            return pool
-        if not self.replace and n > len(pool):
-            raise RequestError(f"{self.path}: asked for n={n} requests without replacement "
-                               f"but only {len(pool)} usable rows remain "
-                               f"(dropped: {pool.dropped or 'none'})")
-        return pool.take(rng.choice(len(pool), size=n, replace=self.replace))
+        return draw_from_pool(self.pool(), rng, self.n if n is None else n, self.replace,
+                              self.path)

@@ -18,7 +18,7 @@ import numpy as np
 from replay.engine.requests import RequestError, Requests, offsets_of
 from replay.params import check
 from replay.storage.data import file_record, require_file
-from replay.workloads.files import MAX_LENGTH, cap_rows
+from replay.workloads.files import MAX_LENGTH, cap_rows, draw_from_pool
 
 #: The token count behind one id of the published traces.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -148,12 +148,5 @@ class MooncakeTrace:
         return replace(kept, dropped=dropped)
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> Requests:
-        pool = self.pool()
-        n = self.n if n is None else n
-        if n is None:
-            return pool
-        if not self.replace and n > len(pool):
-            raise RequestError(f"{self.path}: asked for n={n} requests without replacement "
-                               f"but only {len(pool)} usable rows remain "
-                               f"(dropped: {pool.dropped or 'none'})")
-        return pool.take(rng.choice(len(pool), size=n, replace=self.replace))
+        return draw_from_pool(self.pool(), rng, self.n if n is None else n, self.replace,
+                              self.path)
