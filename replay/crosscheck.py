@@ -77,9 +77,13 @@ from replay.engine.jit import count_references_plainly, reference_counts
 from replay.errors import InputError
 from replay.experiments.plots.common import plt, save_figure
 from replay.experiments.report import CROSSCHECK_PROVENANCE as PROVENANCE
-from replay.experiments.report import git_describe
 from replay.run import package_versions, run
-from replay.storage.outputs import atomic_write, atomic_write_text, ensure_writable_dir
+from replay.storage.outputs import (
+    atomic_write,
+    atomic_write_text,
+    ensure_writable_dir,
+    git_describe,
+)
 
 #: Cases: workload -> (low rate, high rate) in requests/s, around the capacity of
 #: Llama-2-70B TP2 with 1,030 blocks of 16 tokens (D1's trial runs).

@@ -45,7 +45,7 @@ from replay.config import CONFIG_DIR
 from replay.config.cli import fail, interrupted, run_or_exit
 from replay.engine.jit import count_references_plainly
 from replay.errors import ConfigError
-from replay.experiments.report import build_report, git_describe, write_results_pages
+from replay.experiments.report import build_report, write_results_pages
 from replay.experiments.targets import MANIFEST, TARGETS, Target, TargetFailed
 from replay.experiments.time_spent import run_sums
 from replay.results import TABLE_NAME, collect
@@ -55,6 +55,7 @@ from replay.storage.outputs import (
     atomic_write_text,
     changed_inputs,
     ensure_writable_dir,
+    git_describe,
     read_summary,
     run_problem,
 )

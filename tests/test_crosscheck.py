@@ -54,7 +54,8 @@ def test_speed_is_measured_for_both_on_the_same_requests(checked):
 def test_the_report_stamps_d3_with_the_commit_that_ran_it(checked):
     import json
 
-    from replay.experiments.report import CROSSCHECK_PROVENANCE, _crosscheck, git_describe
+    from replay.experiments.report import CROSSCHECK_PROVENANCE, _crosscheck
+    from replay.storage.outputs import git_describe
 
     out, _ = checked
     recorded = json.loads((out / CROSSCHECK_PROVENANCE).read_text())

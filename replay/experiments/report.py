@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from replay.experiments.verdicts import (
 )
 from replay.results import TABLE_NAME
 from replay.storage.data import CACHE_ENV, cache_dir
+from replay.storage.outputs import git_describe
 
 #: Known limits of the data and of the timing model that a reader of any number should know.
 CAVEATS = (
@@ -81,17 +81,6 @@ _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("replay.experiments", "templates"),
     autoescape=jinja2.select_autoescape(["html.j2"]), trim_blocks=True, lstrip_blocks=True,
     undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-
-
-def git_describe() -> str:
-    """``git describe`` of the checkout this code runs from (``-dirty`` if it has
-    uncommitted changes), or ``unknown`` when it is not a git checkout."""
-    root = Path(__file__).resolve().parent.parent.parent
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=root,
-                              text=True, capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def code_version() -> str:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import subprocess
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -211,6 +212,18 @@ def code_version() -> str:
         return metadata.version("kvsched")
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def git_describe() -> str:
+    """``git describe`` of the checkout this code runs from (``-dirty`` if it has
+    uncommitted changes), or ``unknown`` when it is not a git checkout: the commit stamped
+    on result pages, cross-check tables and fitted timing files."""
+    root = Path(__file__).resolve().parent.parent.parent
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=root,
+                              text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def read_summary(path: Path) -> dict | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import datetime
 import json
 import shlex
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from replay.engine.timing import BatchShape
-from replay.storage.outputs import atomic_write, atomic_write_text
+from replay.storage.outputs import atomic_write, atomic_write_text, git_describe
 from replay.timing.shapes import MODEL_HARDWARE, compose_timing
 from replay.timing.simple import LinearTiming
 
@@ -212,14 +211,6 @@ def region_table(errors: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def provenance(timing, args, seed: int, batches: int) -> dict:
     info = timing.describe()
     return {"fitted_to": "timing=vidur", "predictor": info["predictor"], "grid": info["grid"],
@@ -227,7 +218,7 @@ def provenance(timing, args, seed: int, batches: int) -> dict:
             "limits": info["limits"], "attention": info["attention"].get(
                 "source", info["attention"].get("what")),
             "mix": f"{batches} batches, seed {seed}", "method": "two-stage NNLS on relative error",
-            "date": datetime.date.today().isoformat(), "kvsched_commit": _commit(),
+            "date": datetime.date.today().isoformat(), "kvsched_commit": git_describe(),
             "command": "python -m replay.tools.fit_linear " + shlex.join(args)}
 
 
