@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -121,14 +120,15 @@ def positive_int(text: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m replay.compile",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
-                        help="processes to share the rules out over (default: the cores)")
+    parser.add_argument("--jobs", type=positive_int, default=None,
+                        help="processes to share the rules out over (default: the cores "
+                             "this process may run on)")
     args = parser.parse_args()
-    from replay.engine.jit import CACHE_DIR, compile_lock
+    from replay.engine.jit import CACHE_DIR, compile_lock, usable_cores
 
     started = time.perf_counter()
     names = rule_names()
-    parts = shares(names, args.jobs)
+    parts = shares(names, args.jobs or usable_cores())
     with compile_lock():
         if len(parts) == 1:
             compile_share(parts[0], with_loop=True)

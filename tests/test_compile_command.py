@@ -81,6 +81,18 @@ def test_a_helper_compiles_into_the_disk_cache_and_says_what(tmp_path, monkeypat
     assert jit.compile_in_a_helper(unreachable, signature_of) is None
     failed = jit.compile_in_a_helper([("no_such_module", "decide", "decide")], signature_of)
     assert jit.helper_compiled(failed) == [] and failed.returncode != 0
-    monkeypatch.setattr(jit.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(jit, "usable_cores", lambda: 1)
     assert jit.compile_in_a_helper([("replay.engine.loop", "_outcome", key)],
                                    signature_of) is None
+
+
+def test_usable_cores_are_those_the_process_may_run_on(monkeypatch):
+    # A job limited to one core of a larger machine (Slurm, taskset, a container) starts no
+    # helper: the two would share that core.
+    from replay.engine import jit
+
+    monkeypatch.setattr(jit.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(jit.os, "cpu_count", lambda: 64)
+    assert jit.usable_cores() == 1
+    monkeypatch.delattr(jit.os, "sched_getaffinity")
+    assert jit.usable_cores() == 64

@@ -330,6 +330,16 @@ def in_disk_cache(dispatcher, signature) -> bool:
     return dispatcher._cache.load_overload(signature, dispatcher.targetctx) is not None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one (a
+    Slurm job, ``taskset`` or a container limited to fewer cores than the machine has),
+    else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this system (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def compile_in_a_helper(functions: list[tuple[str, str, str]], signature_of: str):
     """Start a process that compiles ``functions`` (module, name, and a key of the
     signature) into the disk cache, each for ``signature_of(key)``, a function named by
@@ -337,9 +347,10 @@ def compile_in_a_helper(functions: list[tuple[str, str, str]], signature_of: str
     meanwhile. Functions it cannot import (defined in ``__main__`` or a function's body) are
     left out; a function it did not save is compiled by the caller as if there had been no
     helper. It prints a line of the names of the functions it compiled rather than loaded
-    (:func:`helper_compiled` reads it). None on a single core, or with nothing to compile."""
+    (:func:`helper_compiled` reads it). None on a single usable core (:func:`usable_cores`),
+    or with nothing to compile."""
     shared = [list(f) for f in functions if f[0] != "__main__" and "<" not in f[1]]
-    if not shared or (os.cpu_count() or 1) < 2:
+    if not shared or usable_cores() < 2:
         return None
     try:
         return subprocess.Popen(
