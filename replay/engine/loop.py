@@ -269,8 +269,8 @@ PHASES_FOR_A_HELPER = (
 )
 #: What a helper process may compile besides the rules, by position (a key).
 BESIDE_THE_LOOP = AROUND_THE_LOOP + PHASES_FOR_A_HELPER
-#: The functions the first run's line calls "the step loop".
-_LOOP_FUNCTIONS = frozenset(f for f, _ in (*LOOP_AND_AROUND, *PHASES_FOR_A_HELPER))
+#: The functions the first run's line calls "the step loop" (the phases are linked into it).
+_LOOP_FUNCTIONS = frozenset(f for f, _ in LOOP_AND_AROUND)
 
 
 def beside_the_loop_signature(key: str):
