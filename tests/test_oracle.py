@@ -379,7 +379,7 @@ for function, signature in PHASES_FOR_A_HELPER:
                           cwd=Path(__file__).parent.parent)
     assert done.stdout == ""
     # The first run's one line names the loop as one thing (not its record makers) and the
-    # rules it compiled; later runs of other rules name only those.
+    # rules it compiled (test_architecture checks a later run that names a rule alone).
     first = done.stderr.splitlines()[0]
     assert first.startswith("kvsched: compiled the step loop, "), done.stderr
     assert "_make_engine_state" not in done.stderr
