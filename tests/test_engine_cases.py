@@ -356,14 +356,16 @@ def test_a_long_replay_says_where_it_is(monkeypatch, caplog):
 
 
 def test_the_progress_bar_counts_completed_requests(monkeypatch):
-    """With ``output.progress=true`` the bar moves as the step loop hands back to Python."""
-    counts = []
+    """With ``output.progress=true`` the bar moves as the step loop hands back to Python;
+    without it, no bar is made."""
+    counts, made = [], []
 
     class Bar:
         n = 0
 
-        def __init__(self, total, disable, **_):
-            assert total == 5000 and not disable
+        def __init__(self, total, **options):
+            assert total == 5000 and not options.get("disable")
+            made.append(self)
 
         def update(self, k):
             self.n += k
@@ -378,6 +380,10 @@ def test_the_progress_bar_counts_completed_requests(monkeypatch):
                     arrival=np.arange(5000.0), progress=True)
     assert result.status == "completed"
     assert len(counts) > 5 and counts == sorted(counts) and counts[-1] == 5000
+    assert len(made) == 1
+    replay([1] * 5000, [2] * 5000, FCFSLookahead(EvictLIFO()), kv_tokens=3,
+           arrival=np.arange(5000.0), progress=False)
+    assert len(made) == 1
 
 
 class _DropsTheQueueAtTheEnd:
