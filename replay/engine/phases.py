@@ -619,23 +619,22 @@ def _admit(s):
     s.n_started += n_start
     s.n_run = n_run + n_start
     s.running_version += 1
-    # the queue without the admissions: a prefix (its head moves), unless evictions have
-    # rebuilt it since the decision
+    # The queue without the admissions, which are its only entries not waiting: its first
+    # n_start (its head moves), unless evictions requeued at the front since the decision.
+    # Only the stretch up to the last admission is compacted, its waiting entries moved
+    # back to end there in order: a few entries, not the whole queue of a loaded run.
     queue, head, tail = s.queue, s.qhead, s.qtail
-    prefix = True
-    for i in range(n_start):
-        if status[queue[head + i]] == WAITING:
-            prefix = False
-            break
-    if prefix:
-        s.qhead = head + n_start
-    else:
-        kept = head
-        for q in range(head, tail):
-            if status[queue[q]] == WAITING:
-                queue[kept] = queue[q]
-                kept += 1
-        s.qtail = kept
+    end, found = head, 0
+    while found < n_start and end < tail:
+        if status[queue[end]] != WAITING:
+            found += 1
+        end += 1
+    kept = end
+    for q in range(end - 1, head - 1, -1):
+        if status[queue[q]] == WAITING:
+            kept -= 1
+            queue[kept] = queue[q]
+    s.qhead = kept
     s.queue_version += 1
 
 
