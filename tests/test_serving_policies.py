@@ -267,3 +267,24 @@ def test_serving_invariants(policy, preemption, requeue, timing, instance):
     req = result.requests
     assert (req["tbt_max"].fillna(0) >= 0).all()
     assert (req["tbt_mean"].dropna() <= req["tbt_max"].dropna() + 1e-9).all()
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=40), st.integers(-50, 400),
+       st.randoms(use_true_random=False))
+@settings(max_examples=200, deadline=None)  # the first example compiles
+def test_the_latest_arrivals_are_preempted_until_the_rest_fit(blocks_after, capacity, rng):
+    """vLLM's preemption order (the latest arrival first, until the rest fit), against the
+    oracle's sort: with few victims (found one pass at a time) and with many (sorted). A
+    capacity below zero (blocks shared under the prefix cache) preempts every one."""
+    from policies.common.serving import preempt_latest_until_fit
+    from tests.oracle.policies import preempt_latest_until_fit as oracle
+
+    ids = np.array(rng.sample(range(1000), len(blocks_after)), dtype=np.int64)
+    after = np.array(blocks_after, dtype=np.int64)
+    keep = oracle(ids, after, capacity)
+    cut = preempt_latest_until_fit(ids, after, ids.size, capacity)
+    if keep is None:
+        assert cut == -1
+    else:
+        assert cut == ids[~keep].min()
+        assert np.array_equal(keep, ids < cut)
