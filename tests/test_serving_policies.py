@@ -288,3 +288,14 @@ def test_the_latest_arrivals_are_preempted_until_the_rest_fit(blocks_after, capa
     else:
         assert cut == ids[~keep].min()
         assert np.array_equal(keep, ids < cut)
+
+
+@pytest.mark.parametrize("capacity", [5, 4, 3, 2, 0])
+def test_preemptions_past_the_few_found_by_passes_go_on_in_id_order(capacity):
+    """Twelve requests of one block each: 7, 8, 9, 10 and 12 of them must go, the latest
+    arrivals first, on both sides of the eighth (past which the ids are sorted)."""
+    from policies.common.serving import preempt_latest_until_fit
+
+    ids = np.array([35, 7, 63, 0, 21, 77, 14, 49, 70, 28, 56, 42], dtype=np.int64)
+    cut = preempt_latest_until_fit(ids, np.ones(12, dtype=np.int64), 12, capacity)
+    assert cut == np.sort(ids)[capacity]

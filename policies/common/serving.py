@@ -45,7 +45,7 @@ def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
         return -1
     # A step preempts a few: the latest arrivals are found one at a time (the largest id
     # below the last one taken), a pass over the ids each, with no sort. Past a few, the ids
-    # are sorted once.
+    # are sorted once and the walk goes on below the ones taken.
     freed = 0
     below = np.iinfo(np.int64).max
     for _ in range(min(n, _FEW_PREEMPTIONS)):
@@ -60,8 +60,7 @@ def preempt_latest_until_fit(ids, blocks_after, n, capacity_blocks):
     if n <= _FEW_PREEMPTIONS:
         return below  # all of them
     order = stable_argsort(ids, n)
-    freed = 0
-    for k in range(n - 1, -1, -1):
+    for k in range(n - 1 - _FEW_PREEMPTIONS, -1, -1):
         freed += blocks_after[order[k]]
         if freed >= excess:
             return ids[order[k]]
