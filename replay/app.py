@@ -116,6 +116,14 @@ def replay_job(cfg: DictConfig) -> dict:
         return _failed_job(cfg, out_dir, exc)
 
 
+def _print_summary_line(summary: dict) -> None:
+    """The run's summary on stdout, one JSON object a line, handed over in one write: the
+    jobs of a sweep share the stdout pipe, and ``print`` hands over the object and its
+    newline separately (a sweep test found another job's line joined to one's object)."""
+    sys.stdout.write(summary_json(summary, indent=None) + "\n")
+    sys.stdout.flush()
+
+
 def _failed_job(cfg: DictConfig, out_dir: Path, exc: Exception) -> dict:
     """A sweep job that raised (a bug: a user policy's, say) leaves a summary with status
     ``failed`` and the error, like a job whose input was rejected, so the other jobs go on
@@ -126,7 +134,7 @@ def _failed_job(cfg: DictConfig, out_dir: Path, exc: Exception) -> dict:
     atomic_write_text(out_dir / "summary.json", summary_json(summary, indent=1))
     print(f"error: {_shown(out_dir)}: the job failed: {message} (traceback in its app.log)",
           file=sys.stderr, flush=True)
-    print(summary_json(summary, indent=None), flush=True)
+    _print_summary_line(summary)
     return summary
 
 
@@ -173,7 +181,7 @@ def _replay(cfg: DictConfig, out_dir: Path) -> dict:
         print(f"error: {input_error_message(exc)}", file=sys.stderr, flush=True)
     if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep prints one table at its end
         print(human_summary(summary, out_dir), file=sys.stderr, flush=True)
-    print(summary_json(summary, indent=None), flush=True)
+    _print_summary_line(summary)
     return summary
 
 
