@@ -285,6 +285,36 @@ def test_starts_out_of_queue_order_are_checked_one_by_one(start, reason):
             run()
 
 
+@pytest.mark.parametrize("drop, reason", [
+    ([2, 1], None),  # one waiting, one running: both may be dropped
+    ([2, 0], "drop names request 0 which is completed"),
+    ([0, 2], "drop names request 0 which is completed"),
+])
+def test_a_drop_names_only_waiting_or_running_requests(drop, reason):
+    # Request 0 (one token) completes at the first step; 1 runs on; 2 arrives later and waits.
+    class DropsAtTheSecondStep:
+        overflow = EvictLIFO()
+
+        def decide(self, view):
+            if view.iteration == 0:
+                return Batch(start=view.waiting)
+            if view.iteration == 1:
+                return Batch(drop=np.array(drop))
+            return Batch()
+
+    def run():
+        return replay([1, 1, 1], [1, 5, 5], DropsAtTheSecondStep(), 30, arrival=[0, 0, 0.5])
+
+    if reason is None:
+        result = run()
+        assert result.status == "completed"
+        assert result.dropped == 2
+        assert result.requests["completed"].tolist() == [True, False, False]
+    else:
+        with pytest.raises(DecisionError, match=reason):
+            run()
+
+
 def test_block_size_counts_whole_blocks():
     from replay.engine.kv import explicit
     from replay.engine.loop import Engine

@@ -356,7 +356,11 @@ class PythonPolicy:
             seen[ids] = positions
         except IndexError:  # an id past the trace
             raise self._unknown_ids(what) from None
-        wrong_status = ~np.isin(status[ids], allowed)
+        # One comparison per allowed status: np.isin sorts, 40 us a call where this takes 2.
+        statuses = status[ids]
+        wrong_status = statuses != allowed[0]
+        for other in allowed[1:]:
+            wrong_status &= statuses != other
         bad = wrong_status | (seen[ids] != positions)
         seen[ids] = 0
         if np.count_nonzero(bad):
