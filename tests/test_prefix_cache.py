@@ -165,12 +165,14 @@ def test_a_python_policy_sees_the_oracles_cached_prefixes(workload):
 def test_mcsf_admits_more_with_the_cache_when_memory_binds():
     # A runs; five more with A's 8-token prefix arrive in 40 tokens of KV. MC-SF's check
     # leaves the prefix out of their footprints, so more start at once and all finish
-    # sooner than without the cache.
+    # sooner than without the cache; the plan missed the prefix that outlives A, so the
+    # engine's own check overflows once (model.md says so).
     args = dict(prompt=[9] * 6, output=[4] * 6, arrival=[0] + [1] * 5, ids=[[1, 2]] * 6,
                 kv_tokens=40, policy=MCSF)
     on, off = run(**args), run(**args, cache="none")
     assert on.iterations["batch_size"].iloc[1] == 6 and off.iterations["batch_size"].iloc[1] == 3
     assert on.iterations["start_time"].iloc[-1] < off.iterations["start_time"].iloc[-1]
+    assert on.iterations["failed"].sum() == 1 and off.iterations["failed"].sum() == 0
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "mcsf", "vllm", "sarathi", "vllm_v1", "lpm"])

@@ -3,8 +3,8 @@
 A step (:func:`replay.engine.loop.run_steps` runs them in order):
 
 1. :func:`release_arrivals`: requests whose arrival time has come join the waiting queue;
-2. the policy decides (its own compiled function, or Python through
-   :mod:`replay.engine.bridge`); :func:`apply_decision` carries out its preemptions,
+2. the policy decides (its own compiled function, or Python through the bridge of
+   :mod:`replay.engine.rules`); :func:`apply_decision` carries out its preemptions,
    applies the engine's caps and lays out the batch's members;
 3. :func:`price`: the batch's shape (chunks, KV gains, blocks), its duration from the timing
    backend and the KV it would hold afterwards;

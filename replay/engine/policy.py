@@ -54,7 +54,7 @@ class Batch:
     started them all (no ``max_running`` or ``max_starts_per_round`` cut).
     :data:`UNTIL_CHANGE` promises it with no bound. The engine
     executes such a stretch without calling ``decide`` (see
-    ``Engine._fast_forward``), with results identical to calling it. Promise it
+    :func:`replay.engine.phases.run_stretch`), with results identical to calling it. Promise it
     only where the decision provably repeats and does not draw from ``rng``.
     """
 

@@ -18,8 +18,8 @@ overflow rule (:data:`~replay.engine.state.EVICT`) and the timing backend's pric
   into the engine state after checking it (a policy bug gets a :class:`DecisionError` that
   names the policy).
 
-:func:`resolve` turns the run's policy, overflow rule and timing backend into the loop's
-arguments.
+The :class:`~replay.engine.loop.Engine` turns the run's policy, overflow rule and timing
+backend into the loop's arguments (``Engine._rule_functions``, ``Engine._rules``).
 """
 
 from __future__ import annotations
