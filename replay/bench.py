@@ -33,7 +33,7 @@ from hydra.utils import instantiate
 from replay.bounds.instance import Instance
 from replay.bounds.lp import area_rounds, auto_grid, bucketed, latest_starts, lp_bound, time_indexed
 from replay.config import compose_config
-from replay.config.cli import compose_or_exit, run_or_exit
+from replay.config.cli import CommandParser, compose_or_exit, positive_int, run_or_exit
 from replay.engine.jit import count_references_plainly
 from replay.run import build_and_run
 from replay.workloads.synthetic import Synthetic
@@ -47,14 +47,6 @@ SCENARIOS = {
                             "workload.total_rate=550"],
     "nested_b4_vidur": ["experiment=b4_nested_lmsys_real", "paper_policy=nested_lmsys"],
 }
-
-
-def positive_int(text: str) -> int:
-    """``--n``, ``--repeat``: a whole number >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def positive_rates(text: str) -> list[float]:
@@ -82,7 +74,7 @@ def scenario_names(text: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.bench",
+    parser = CommandParser(prog="python -m replay.bench",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=10_000)
     parser.add_argument("--policies", default="fcfs,mcsf,vllm,sarathi")

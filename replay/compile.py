@@ -20,12 +20,11 @@ keeps whichever saves last); each module's functions are cached in a folder of t
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from replay.config.cli import run_or_exit
+from replay.config.cli import CommandParser, positive_int, run_or_exit
 from replay.errors import end_worker_quietly_on_ctrl_c
 
 #: The config groups whose built-in choices name compiled rules by ``_target_``.
@@ -110,15 +109,8 @@ def shares(names: list, jobs: int) -> list[list]:
     return parts
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay.compile",
+    parser = CommandParser(prog="python -m replay.compile",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="processes to share the rules out over (default: the cores "

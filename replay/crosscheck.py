@@ -57,7 +57,6 @@ adds an override to every harness run, as ``reproduce`` does.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 import subprocess
@@ -71,7 +70,7 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from replay.config import compose_config
-from replay.config.cli import run_or_exit
+from replay.config.cli import CommandParser, positive_int, run_or_exit
 from replay.crosscheck_vidur import run_vidur
 from replay.engine.jit import count_references_plainly, reference_counts
 from replay.errors import InputError
@@ -288,18 +287,11 @@ def crosscheck(setup: Setup, out_dir: Path,
     return speed
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int, bool]:
     """The command line as the setup both simulators share, the output folder, the number
     of runs per case (``--n`` counts with and without ``--quick``) and whether each case is
     also timed as whole processes."""
-    parser = argparse.ArgumentParser(prog="python -m replay.crosscheck",
+    parser = CommandParser(prog="python -m replay.crosscheck",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=None,
                         help="requests per case (default 1000, or 60 with --quick)")

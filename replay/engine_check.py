@@ -44,7 +44,6 @@ replay's summary and the input files with their hashes).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -59,7 +58,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from replay.config import CONFIG_DIR, compose_config
-from replay.config.cli import run_or_exit
+from replay.config.cli import CommandParser, run_or_exit
 from replay.engine.loop import Engine, RunResult
 from replay.engine.metrics import summarize
 from replay.engine.requests import Requests
@@ -595,7 +594,7 @@ def check(log_dir: Path, timing: str = "layer_profile", profile_dir: str | None 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.engine_check",
         description="Replay a real vLLM run with policy=vllm_v1 and compare TTFT, TPOT and "
                     "latency with its log (docs/reproducing/engine.md).")

@@ -11,12 +11,12 @@ one ``error:`` line naming the folder and what is wrong.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 
 from policies.labels import policy_label
+from replay.config.cli import CommandParser, run_or_exit
 from replay.errors import InputError
 from replay.experiments.plots.common import plot_kv_timelines
 from replay.experiments.plots.prefix_cache import plot_cache_timelines
@@ -57,7 +57,7 @@ def finished_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.plots", description="Plot run outputs.")
     sub = parser.add_subparsers(dest="figure", required=True)
     kv = sub.add_parser("kv", help="KV usage over time with M marked")
@@ -93,6 +93,4 @@ def run_label(summary: dict) -> str:
 
 
 if __name__ == "__main__":
-    from replay.config.cli import run_or_exit
-
     run_or_exit(main)

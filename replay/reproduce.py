@@ -42,7 +42,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from replay.config import CONFIG_DIR
-from replay.config.cli import fail, interrupted, run_or_exit
+from replay.config.cli import CommandParser, fail, interrupted, run_or_exit
 from replay.engine.jit import count_references_plainly
 from replay.errors import ConfigError
 from replay.experiments.report import build_report, write_results_pages
@@ -327,7 +327,7 @@ RESUME_HINT = "finished runs are kept, and the same command resumes from them"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.reproduce",
         description="Reproduce the papers' figures: run each target's experiment, draw its "
                     "figures (PNG + CSV) into --outputs/<target>/, and optionally build the "

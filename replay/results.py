@@ -27,7 +27,6 @@ is ``config.policy._target_``. Runs with ``metrics.slo`` set have ``slo_attainme
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import pandas as pd
 import yaml
 
 from policies.labels import policy_label
-from replay.config.cli import fail, run_or_exit
+from replay.config.cli import CommandParser, fail, run_or_exit
 from replay.errors import InputError
 from replay.storage.outputs import atomic_write, read_summary
 
@@ -312,7 +311,7 @@ def query(sql: str, table: Path) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.results",
         description="One results table of many runs: `collect` gathers the summary.json of "
                     "every run under the given folders into one Parquet file, a row per run; "

@@ -181,3 +181,27 @@ def test_new_commands_answer_bad_input_with_one_error_line(tmp_path):
         assert done.returncode == 2, module
         assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "report").exists()  # nothing written for a missing outputs folder
+
+
+COMMANDS_WITH_FLAGS = ("replay.bench", "replay.compile", "replay.crosscheck", "replay.results",
+                       "replay.plots", "replay.reproduce", "replay.engine_check",
+                       "replay.experiments.authors", "replay.tools.fit_linear",
+                       "replay.tools.shapes", "replay.tools.timing_sources",
+                       "replay.tools.attention_sources", "traces.build", "traces.fetch",
+                       "traces.stats")
+
+
+@pytest.mark.parametrize("name", COMMANDS_WITH_FLAGS)
+def test_an_unknown_flag_is_one_error_line(name, monkeypatch, capsys):
+    # argparse's own answer is its usage block and then a line of its own form.
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [name, "--no-such-flag"])
+    with pytest.raises(SystemExit) as ended:
+        importlib.import_module(name).main()
+    lines = capsys.readouterr().err.splitlines()
+    assert ended.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    if name == "traces.stats":  # its arguments are Hydra overrides: the override is named
+        assert "'--no-such-flag' is not valid Hydra override syntax" in lines[0]
+    else:  # the first problem argparse finds (a required argument missing, or the flag)
+        assert lines[0].endswith(f" (see python -m {name} --help)")

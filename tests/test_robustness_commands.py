@@ -76,6 +76,7 @@ def test_bad_arguments_are_one_line(name, args, fragment):
     done = module(name, *args)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and fragment in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error: ")
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

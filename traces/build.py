@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from replay.config.cli import CommandParser, run_or_exit
 from replay.errors import InputError
 
 DEFAULT_TOKENIZER = "meta-llama/Llama-2-7b-hf"
@@ -117,7 +118,7 @@ def load_records(dataset: str, split: str, limit: int | None,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m traces.build", description=__doc__,
+    parser = CommandParser(prog="python -m traces.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", choices=sorted(HF_DATASETS))
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
@@ -138,6 +139,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from replay.config.cli import run_or_exit
-
     run_or_exit(main)

@@ -11,13 +11,13 @@ is left alone. Needs internet access.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pooch
 
+from replay.config.cli import CommandParser, run_or_exit
 from replay.errors import InputError
 
 # The trace list lives with the data directory's reader, which checks each file against it.
@@ -68,7 +68,7 @@ def fetch(files: Iterable[RemoteFile], data_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m traces.fetch",
         description="Download the data files from their public origins: the traces into "
                     "DATA_DIR/traces/, the Vidur A100 profiles into DATA_DIR/vidur/profiling/. "
@@ -92,6 +92,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from replay.config.cli import run_or_exit
-
     run_or_exit(main)

@@ -27,7 +27,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from replay.config.cli import compose_or_exit, fail, run_or_exit
+from replay.config.cli import CommandParser, compose_or_exit, fail, run_or_exit
 from replay.engine.requests import Requests
 from replay.run import make_requests
 from replay.workloads.mooncake import MooncakeTrace
@@ -99,7 +99,7 @@ def prefix_requests(target: list[str]) -> Requests:
 
 
 def prefix_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m traces.stats prefix",
         description="Prefix-cache hit ratios of a trace replayed through an LRU block cache "
                     "(replay.workloads.prefix_stats defines them).")

@@ -8,6 +8,7 @@ a rejected value, a full disk or an interrupt reads the same everywhere.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import re
 import sys
@@ -38,6 +39,28 @@ T = TypeVar("T")
 def fail(message: object) -> NoReturn:
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, held to the commands' rule: a bad argument is one ``error:`` line
+    that names it and where the usage is, and exit status 2 (argparse prints its usage
+    block first, then a line in its own form). Sub-commands' parsers are of this class too
+    (argparse makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see {self.prog} --help)")
+
+
+def positive_int(text: str) -> int:
+    """An argument that counts something (``--n``, ``--repeat``, ``--jobs``): a whole
+    number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:

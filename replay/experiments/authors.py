@@ -35,7 +35,6 @@ ratios lie closest to 1 is the one the experiment uses; the results page shows t
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -47,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from policies.labels import policy_label
-from replay.config.cli import fail, run_or_exit
+from replay.config.cli import CommandParser, fail, run_or_exit
 from replay.errors import InputError
 from replay.experiments.verdicts import (
     AGREES,
@@ -442,7 +441,7 @@ PARTS: tuple[Part, ...] = (PRICING_PART, *(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.experiments.authors", description=__doc__.split("\n\n")[0])
     parser.add_argument("target_dir", type=Path, nargs="?",
                         default=Path("outputs/reproduce/b1_authors"),

@@ -20,13 +20,12 @@ measured 7B-shaped kernel.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from replay.config.cli import compose, run_or_exit
+from replay.config.cli import CommandParser, compose, run_or_exit
 from replay.storage.data import require_file
 from replay.timing import aiconfigurator, attention_7b
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
@@ -83,7 +82,7 @@ def summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.tools.attention_sources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/attention_sources"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides (e.g. data_dir=...)")

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from replay.config.cli import run_or_exit
+from replay.config.cli import CommandParser, run_or_exit
 from replay.timing.fit_linear import MAX_BATCHES, fit_and_report
 
 
@@ -24,7 +24,7 @@ def batch_count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.tools.fit_linear", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=batch_count, default=4000,
                         help=f"batches in the fitting mix, 1..{MAX_BATCHES:,}")

@@ -25,14 +25,13 @@ attention and prefill attention; and the same iteration under ``timing=linear``
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from replay.config.cli import run_or_exit
+from replay.config.cli import CommandParser, run_or_exit
 from replay.storage.outputs import atomic_write, atomic_write_text, ensure_writable_dir
 from replay.timing.shapes import (
     MODEL_HARDWARE,
@@ -75,7 +74,7 @@ def explain(experiment: str, overrides, out: Path | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.tools.shapes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="CSV of the shapes (default outputs/timing_shapes.csv), or JSON "

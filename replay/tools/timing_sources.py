@@ -16,7 +16,6 @@ command, date and commit that produced them:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -27,7 +26,7 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from replay.config import compose_config
-from replay.config.cli import run_or_exit
+from replay.config.cli import CommandParser, run_or_exit
 from replay.storage.outputs import atomic_write_text, ensure_writable_dir, git_describe
 from replay.timing.shapes import standard_shapes
 
@@ -192,7 +191,7 @@ subtracted (the run's meta.json does not break it down).
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m replay.tools.timing_sources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/timing-sources.md"))
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
