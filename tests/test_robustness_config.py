@@ -128,6 +128,25 @@ def test_values_that_escaped_validation_are_refused_naming_the_key(overrides, fr
     assert fragment in str(caught.value)
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    # A min above its max: numpy's draw raised (uniform), or every length was clipped to the
+    # max without a word (the other distributions).
+    (["workload=synthetic", "workload.output_min=60"],
+     "workload.output_min=60 is above workload.output_max=50: no output length lies between "
+     "them"),
+    (["workload=synthetic", "workload.distribution=normal", "workload.prompt_min=100",
+      "workload.prompt_max=10"],
+     "workload.prompt_min=100 is above workload.prompt_max=10: no prompt length lies between "
+     "them"),
+    (["workload.prompt_mean=5"], "workload.prompt_median=12, workload.prompt_mean=5 and "
+                                 "workload.prompt_max=2048: a lognormal fit needs median < mean "
+                                 "< max"),
+])
+def test_a_synthetic_workloads_lengths_that_contradict_are_refused_naming_the_keys(
+        overrides, message):
+    assert message in outcome(compose_config(["workload.n=5", *overrides]))
+
+
 def test_nested_wait_max_stage_below_the_last_boundary_is_refused():
     cfg = compose_config([*TYPED, "policy=nested_wait", "policy.max_stage=100"])
     message = outcome(cfg)

@@ -11,6 +11,7 @@ from functools import lru_cache
 import numpy as np
 
 from replay.engine.requests import RequestError, Requests
+from replay.errors import ConfigError
 from replay.params import check
 
 
@@ -49,6 +50,15 @@ class Synthetic:
 
     DISTRIBUTIONS = ("uniform", "normal", "binomial", "exponential", "mixed", "a1")
 
+    def __post_init__(self) -> None:
+        # Checked whatever the distribution: numpy's uniform draw refuses an empty range,
+        # and the other draws would clip every length to the max without a word.
+        for length in ("prompt", "output"):
+            low, high = getattr(self, f"{length}_min"), getattr(self, f"{length}_max")
+            if low > high:
+                raise ConfigError(f"workload.{length}_min={low} is above workload.{length}_max="
+                                  f"{high}: no {length} length lies between them")
+
     def _c1_lengths(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         s_range, o_range = (self.prompt_min, self.prompt_max), (self.output_min, self.output_max)
         if self.distribution == "normal":
@@ -75,7 +85,9 @@ class Synthetic:
             o = rng.integers(self.output_min, self.output_max + 1, size=n)
         elif self.distribution == "a1":
             if self.kv_tokens is None or self.kv_tokens <= self.prompt_max:
-                raise RequestError("workload a1: needs kv_tokens > prompt_max")
+                raise RequestError(f"workload.distribution=a1 needs workload.kv_tokens above "
+                                   f"workload.prompt_max={self.prompt_max}, got "
+                                   f"{self.kv_tokens}")
             s = rng.integers(1, self.prompt_max + 1, size=n)
             o = rng.integers(1, self.kv_tokens - s + 1)
         elif self.distribution in self.DISTRIBUTIONS:
@@ -160,6 +172,15 @@ class FittedLognormal:
     n: int | None = field(default=None, metadata=check(ge=1))
     length_unit: str = "tokens"
     name: str = "fitted_lognormal"
+
+    def __post_init__(self) -> None:
+        for length in ("prompt", "output"):
+            median, mean, cap = (getattr(self, f"{length}_{key}")
+                                 for key in ("median", "mean", "max"))
+            if not median < mean < cap:
+                raise ConfigError(
+                    f"workload.{length}_median={median}, workload.{length}_mean={mean} and "
+                    f"workload.{length}_max={cap}: a lognormal fit needs median < mean < max")
 
     def fits(self) -> dict[str, tuple[float, float]]:
         """``{"prompt_len": (mu, sigma), "output_len": (mu, sigma)}``."""
