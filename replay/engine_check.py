@@ -64,7 +64,12 @@ from replay.engine.metrics import summarize
 from replay.engine.requests import Requests
 from replay.errors import InputError
 from replay.storage.data import file_record
-from replay.storage.outputs import atomic_write, atomic_write_text, ensure_writable_dir
+from replay.storage.outputs import (
+    atomic_write,
+    atomic_write_text,
+    ensure_writable_dir,
+    summary_json,
+)
 
 TIMINGS = ("layer_profile", "aiconfigurator")
 #: Rows of the table: (key prefix, label), then the statistics (key suffix, label).
@@ -588,7 +593,9 @@ def check(log_dir: Path, timing: str = "layer_profile", profile_dir: str | None 
               "replay": {k: v for k, v in summary.items() if not isinstance(v, dict)},
               "kv": summary["kv"], "timing_backend": timing_record,
               "input_files": run.files, "config": OmegaConf.to_container(cfg, resolve=True)}
-    atomic_write_text(out / "summary.json", json.dumps(record, indent=1, default=str))
+    # Strict JSON, as a run's summary (a relative error of 0/0 is null, named under
+    # non_finite): results collect refuses a NaN in a summary with a config.
+    atomic_write_text(out / "summary.json", summary_json(record))
     record["out"] = str(out)
     return record
 

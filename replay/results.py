@@ -63,13 +63,22 @@ def _flatten(record: dict, prefix: str) -> dict:
 
 
 def run_row(summary_path: Path) -> dict | None:
-    """The table row of one run (``None`` for a study summary)."""
+    """The table row of one run (``None`` for a study summary: an object without a run's
+    ``config``)."""
+    non_finite = []
     try:
-        summary = json.loads(summary_path.read_text())
+        summary = json.loads(summary_path.read_text(),
+                             parse_constant=lambda name: non_finite.append(name) or float(name))
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{summary_path}: not a readable summary ({exc})") from None
-    if not isinstance(summary, dict) or "config" not in summary:
+    if not isinstance(summary, dict) or not summary:
+        raise InputError(f"{summary_path}: not a summary (a run's or a study's is a JSON object "
+                         f"with its results), got {json.dumps(summary)[:40]}")
+    if "config" not in summary:
         return None
+    if non_finite:  # a run writes strict JSON: null, named under non_finite
+        raise InputError(f"{summary_path}: holds {non_finite[0]}, which a run's summary never "
+                         f"does (it was edited or damaged)")
     row = {"run_dir": str(summary_path.parent.resolve())}
     policy = summary["config"].get("policy") if isinstance(summary["config"], dict) else None
     # What a person reads for the policy (``config.policy._target_`` keeps the class path).

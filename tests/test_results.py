@@ -8,7 +8,7 @@ import pytest
 
 from replay.config import compose_config
 from replay.errors import InputError
-from replay.results import collect, query
+from replay.results import collect, query, run_row
 from replay.run import run
 
 
@@ -73,3 +73,25 @@ def test_figures_read_the_kept_table_and_ignore_it_once_a_run_is_newer(runs, tmp
     os.utime(summary, (later, later))
     assert sweep_table(sweep, {"kv": "kv.tokens"}, {"tel": "tel"}).equals(gathered)
     (sweep / "results.parquet").unlink()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{}", "not a summary (a run's or a study's is a JSON object with its results), got {}"),
+    ("[1, 2, 3]", "not a summary (a run's or a study's is a JSON object with its results), "
+                  "got [1, 2, 3]"),
+    ('{"config": {}, "tel": NaN}', "holds NaN, which a run's summary never does"),
+    ("{", "not a readable summary"),
+])
+def test_a_damaged_summary_is_refused_naming_its_file(tmp_path, text, message):
+    # Counted as a study's summary and left out, it went by with only a count.
+    path = tmp_path / "summary.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as refused:
+        run_row(path)
+    assert str(refused.value).startswith(f"{path}: ") and message in str(refused.value)
+
+
+def test_a_studys_summary_is_left_out_and_may_hold_nan(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text('{"study": "capacity", "ratio": NaN}')
+    assert run_row(path) is None
