@@ -71,6 +71,7 @@ from hydra.utils import instantiate
 
 from replay.config import compose_config
 from replay.config.cli import CommandParser, positive_int, run_or_exit
+from replay.config.validate import validate_config
 from replay.crosscheck_vidur import run_vidur
 from replay.engine.jit import count_references_plainly, reference_counts
 from replay.errors import InputError
@@ -224,6 +225,12 @@ def crosscheck(setup: Setup, out_dir: Path,
     rule for both: a run of a few milliseconds is at the mercy of the machine). With
     ``whole_process``, each also runs each case once more as a process of its own, timed
     whole (:func:`time_whole_processes`)."""
+    # Every case's config passes the config rules before minutes of simulation: a --set
+    # value (workload.n=-1) would otherwise reach the run unchecked.
+    for workload, rates in cases.items():
+        for rate in rates:
+            for scheduler in SCHEDULERS:
+                validate_config(compose_config(setup.overrides(workload, rate, scheduler)))
     frames, speeds = [], []
     predictors = {}  # Vidur's predictor of each model, loaded once (hundreds of MB)
     for workload, rates in cases.items():

@@ -18,8 +18,8 @@ import pytest
 from replay import plots, reproduce
 from replay.config import compose_config
 from replay.config.cli import run_or_exit
-from replay.crosscheck import parse_arguments
-from replay.errors import InputError, OutputError
+from replay.crosscheck import crosscheck, parse_arguments
+from replay.errors import ConfigError, InputError, OutputError
 from replay.plots import finished_run
 from replay.results import collect, query
 from replay.run import run
@@ -187,6 +187,14 @@ def test_reproduce_refuses_options_it_would_ignore(capsys, monkeypatch, argv, me
 def test_crosscheck_n_is_the_requests_per_case(argv, n):
     setup, *_ = parse_arguments(argv)
     assert setup.n == n and f"workload.n={n}" in setup.overrides("lmsys", 5.0, "vllm")
+
+
+def test_a_crosscheck_set_value_meets_the_config_rules_before_any_run(tmp_path):
+    # It reached the run unchecked: numpy's 'negative dimensions' traceback.
+    setup, *_ = parse_arguments(["--quick", "--set", "workload.n=-1"])
+    with pytest.raises(ConfigError, match="workload.n=-1 is not allowed"):
+        crosscheck(setup, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_write_the_disk_refuses_is_one_line(capsys):
