@@ -115,8 +115,9 @@ def make_requests(workload, arrivals, seed: int, time_unit: str,
         requests = workload.sample(workload_rng)
         times = arrivals.sample(arrival_rng, len(requests), requests.arrival)
     if time_unit == "rounds" and not np.all(np.mod(times, 1) == 0):
-        raise RequestError(f"{type(arrivals).__name__}: unit-time replays need arrivals on integer "
-                           f"rounds; use arrivals=all_at_once or arrivals=poisson_rounds")
+        raise RequestError(f"arrivals: {type(arrivals).__name__} gives times between whole "
+                           f"rounds, and a unit-time replay (timing=unit) counts in rounds; use "
+                           f"arrivals=all_at_once or arrivals=poisson_rounds")
     return requests.with_arrivals(times)
 
 

@@ -147,6 +147,13 @@ def test_a_synthetic_workloads_lengths_that_contradict_are_refused_naming_the_ke
     assert message in outcome(compose_config(["workload.n=5", *overrides]))
 
 
+def test_unit_time_with_arrivals_between_rounds_is_refused_naming_both_keys():
+    message = outcome(compose_config(["workload.n=5", "timing=unit"]))
+    assert message == ("arrivals: Poisson gives times between whole rounds, and a unit-time "
+                       "replay (timing=unit) counts in rounds; use arrivals=all_at_once or "
+                       "arrivals=poisson_rounds")
+
+
 def test_nested_wait_max_stage_below_the_last_boundary_is_refused():
     cfg = compose_config([*TYPED, "policy=nested_wait", "policy.max_stage=100"])
     message = outcome(cfg)
