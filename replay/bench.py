@@ -75,7 +75,7 @@ def scenario_names(text: str) -> list[str]:
 
 def main() -> None:
     parser = CommandParser(prog="python -m replay.bench",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=10_000)
     parser.add_argument("--policies", default="fcfs,mcsf,vllm,sarathi")
     parser.add_argument("--workload", default="lmsys_synthetic")

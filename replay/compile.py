@@ -111,7 +111,7 @@ def shares(names: list, jobs: int) -> list[list]:
 
 def main() -> None:
     parser = CommandParser(prog="python -m replay.compile",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="processes to share the rules out over (default: the cores "
                              "this process may run on)")

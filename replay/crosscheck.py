@@ -299,7 +299,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Setup, Path, int, bo
     of runs per case (``--n`` counts with and without ``--quick``) and whether each case is
     also timed as whole processes."""
     parser = CommandParser(prog="python -m replay.crosscheck",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=None,
                         help="requests per case (default 1000, or 60 with --quick)")
     parser.add_argument("--quick", action="store_true",

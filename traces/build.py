@@ -119,7 +119,7 @@ def load_records(dataset: str, split: str, limit: int | None,
 
 def main(argv: list[str] | None = None) -> None:
     parser = CommandParser(prog="python -m traces.build", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", choices=sorted(HF_DATASETS))
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
     parser.add_argument("--length-unit", choices=("tokens", "words"), default="tokens")
