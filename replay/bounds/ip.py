@@ -143,6 +143,11 @@ def _solve_cpsat(inst, latest, hint, time_limit_s, workers, symmetry_breaking, t
     # Level 2 adds scheduling cuts to CP-SAT's LP: on A1s-sized instances, same proofs
     # in the same time, much better bounds and schedules on the unproven ones.
     cp.parameters.linearization_level = 2
+    # CP-SAT catches SIGINT by default and ends the search as if its time ran out: a Ctrl-C
+    # was lost (the study went on to its last trial) and the trial it cut short was kept
+    # as a result. Left to Python, the Ctrl-C ends the run once this solve returns (within
+    # its time limit).
+    cp.parameters.catch_sigint_signal = False
     code = cp.solve(model)
     constant = tel_constant(inst)
     name = "cpsat_cumulative" if cumulative else "cpsat"
