@@ -37,11 +37,6 @@ CITED = re.compile(r"(?<![\w/.-])((?:\.\./|[\w-]+/)*[\w.-]+\.md)(#[\w-]+)?")
 CITED_IN_CODE = re.compile(r"^(docs/|\.\./|[A-Z][A-Z_]*\.md$)")
 #: In a page, a link's target; a name in backticks there (``table.md``) is an output file.
 LINKED = re.compile(r"\]\(((?:\.\./|[\w-]+/)*[\w.-]+\.md)(#[\w-]+)?\)")
-#: Pages another piece of work is rewriting (issue 44: the benchmark commands of
-#: docs/speed.md); their commands are checked once it lands.
-IN_FLIGHT = {DOCS / "speed.md"}
-
-
 def text_without_urls(path: Path) -> str:
     return URL.sub("", path.read_text())
 
@@ -95,8 +90,6 @@ def documented_commands() -> list[tuple[Path, str, str]]:
     (up to the end of the code span or line)."""
     found = []
     for page in PAGES:
-        if page in IN_FLIGHT:
-            continue
         for match in re.finditer(r"python -m ([\w.]+)([^`\n|#]*)", page.read_text()):
             found.append((page, match.group(1), match.group(2)))
     return found
@@ -249,14 +242,11 @@ def test_the_request_and_iteration_tables_match_their_documentation(small_run):
 
 
 # ------------------------------------------------------------------------------ --help
-#: Commands another piece of work is changing (issue 44: replay.bench's parser).
-HELP_IN_FLIGHT = {"replay.bench", "replay.crosscheck"}
 #: Commands whose help is plain text (the others still print their reST docstrings).
 PLAIN_HELP = {"traces.fetch", "replay.reproduce", "replay.results"}
 
 
-@pytest.mark.parametrize("module", sorted({m for _, m, _ in COMMANDS} - {"replay"}
-                                          - HELP_IN_FLIGHT))
+@pytest.mark.parametrize("module", sorted({m for _, m, _ in COMMANDS} - {"replay"}))
 def test_every_documented_command_helps_under_the_name_it_is_run_by(module, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [module, "--help"])
     try:
