@@ -259,6 +259,16 @@ def test_unknown_or_repeated_ids_are_rejected(second, reason):
         replay([1, 1, 1], [5, 5, 5], Scripted(second), 30)
 
 
+def completed_unless_refused(run, reason):
+    """``run()``'s result when ``reason`` is None; else None, once ``run()`` has raised the
+    DecisionError that ``reason`` matches."""
+    if reason is None:
+        return run()
+    with pytest.raises(DecisionError, match=reason):
+        run()
+    return None
+
+
 @pytest.mark.parametrize("start, reason", [
     ([2, 1], None),  # waiting, out of queue order: allowed
     ([1, 2, 2], "start repeats a request id"),
@@ -275,14 +285,9 @@ def test_starts_out_of_queue_order_are_checked_one_by_one(start, reason):
                 return Batch(start=view.waiting[:1])
             return Batch(start=np.array(start) if view.waiting.size == 2 else view.waiting)
 
-    def run():
-        return replay([1, 1, 1], [3, 3, 3], StartsLater(), 30, arrival=[0, 0.5, 0.5])
-
-    if reason is None:
-        assert run().status == "completed"
-    else:
-        with pytest.raises(DecisionError, match=reason):
-            run()
+    result = completed_unless_refused(
+        lambda: replay([1, 1, 1], [3, 3, 3], StartsLater(), 30, arrival=[0, 0.5, 0.5]), reason)
+    assert result is None or result.status == "completed"
 
 
 @pytest.mark.parametrize("drop, reason", [
@@ -302,17 +307,12 @@ def test_a_drop_names_only_waiting_or_running_requests(drop, reason):
                 return Batch(drop=np.array(drop))
             return Batch()
 
-    def run():
-        return replay([1, 1, 1], [1, 5, 5], DropsAtTheSecondStep(), 30, arrival=[0, 0, 0.5])
-
-    if reason is None:
-        result = run()
-        assert result.status == "completed"
-        assert result.dropped == 2
+    result = completed_unless_refused(
+        lambda: replay([1, 1, 1], [1, 5, 5], DropsAtTheSecondStep(), 30, arrival=[0, 0, 0.5]),
+        reason)
+    if result is not None:
+        assert result.status == "completed" and result.dropped == 2
         assert result.requests["completed"].tolist() == [True, False, False]
-    else:
-        with pytest.raises(DecisionError, match=reason):
-            run()
 
 
 def test_block_size_counts_whole_blocks():

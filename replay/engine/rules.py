@@ -356,7 +356,8 @@ class PythonPolicy:
             seen[ids] = positions
         except IndexError:  # an id past the trace
             raise self._unknown_ids(what) from None
-        # One comparison per allowed status: np.isin sorts, 40 us a call where this takes 2.
+        # One comparison per allowed status: np.isin sorts (18-20 us a call on five ids, by
+        # timeit, against 1.2-2.5 us for this).
         statuses = status[ids]
         wrong_status = statuses != allowed[0]
         for other in allowed[1:]:
