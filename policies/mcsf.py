@@ -73,12 +73,15 @@ def keep_order(s, rule):
 def mcsf_decide(s, rule):
     """FCFS's lookahead admission, walking the waiting queue in ascending predicted output
     length (ties: earlier arrival, then id) and stopping at the first request that fails."""
+    n_cand = np.int64(0)
     if s.qtail == s.qhead:  # nothing waits: the kept order empties
         for i in range(rule.ints[LENGTH]):
             rule.marks[rule.ids[i]] = False
         rule.ints[LENGTH] = 0
-        return start_admissible(s, rule, rule.ids, np.int64(0))
-    return start_admissible(s, rule, rule.ids, keep_order(s, rule))
+    else:
+        n_cand = keep_order(s, rule)
+    # one call: the admission is compiled into this decision once per call of it
+    return start_admissible(s, rule, rule.ids, n_cand)
 
 
 @dataclass

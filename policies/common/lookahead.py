@@ -330,7 +330,9 @@ def admissible_after_first(candidates, n_cand, kv_capacity, block, first, prefil
     return upper
 
 
-@jit
+# Compiled into each decision that calls it (once per decision): on its own, it and all it
+# calls would be optimised once more inside the decision.
+@jit(inline="always")
 def start_admissible(s, rule, candidates, n_cand):
     """The decision of a policy that walks ``candidates[:n_cand]`` and starts what the
     lookahead admits (``rule.counts`` is the lookahead's memory: :func:`lookahead_memory`).

@@ -255,8 +255,10 @@ LOCATORS = (f"{__name__}.{ContentLocator.__name__},InTreeCacheLocator,UserWideCa
 
 def jit(function=None, **options):
     """``numba.njit(cache=True)`` in kvsched's cache folders (:class:`ContentLocator`; numba
-    reads its cache setting when it decorates). ``options`` go to numba (``inline="always"``
-    for helpers so small that a call would cost more than their body)."""
+    reads its cache setting when it decorates). ``options`` go to numba: ``inline="always"``
+    for helpers so small that a call would cost more than their body, and for a function
+    with one caller whose callees are many (compiled on its own, it would have them
+    optimised once more)."""
 
     def decorate(function):
         saved = numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES

@@ -17,6 +17,12 @@ A step (:func:`replay.engine.loop.run_steps` runs them in order):
 The KV and queue rules every phase relies on are here too: :func:`evict` (free a running
 request and requeue it), :func:`complete`, :func:`queue_append`. Nothing here knows any
 policy or timing backend: they are the function pointers the loop is given.
+
+:func:`release_arrivals`, :func:`apply_decision`, :func:`fail_attempt` and the decode
+stretch are compiled into their one caller (``inline="always"``): numba compiles every
+function on its own and then optimises it again inside each caller, so a phase of its own
+costs the optimisation of everything it calls once more, and the first run's compile is the
+slower for it.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def note_joined(s, rid):
     s.n_joined += 1
 
 
-@jit
+@jit(inline="always")
 def release_arrivals(s):
     """Every request that arrived by ``now`` joins the queue; ``next_arrival`` is the first
     that has not."""
@@ -404,7 +410,7 @@ def idle_steps_before_stop(s):
     return max(0, min(_idle_steps_left(s), _steps_left(s)))
 
 
-@jit
+@jit(inline="always")
 def apply_decision(s):
     """Carry out the decision's preemptions, cut its admissions to the engine's caps and lay
     out the batch: ``members[:m]`` are the advancing requests, then the admissions. Returns
@@ -549,7 +555,7 @@ def make_room(s, kv_peak):
     return kv_peak - needed * s.block
 
 
-@jit
+@jit(inline="always")
 def fail_attempt(s, rule, evict_victims, duration, kv_peak, prefill_total, n_decode,
                  decode_only, n_evicted):
     """The batch would exceed the capacity: the attempt fails, its time is charged, and the
@@ -754,7 +760,7 @@ def run_stretch(s, timing, price_batch, price_decodes, room, decode_only):
             return
 
 
-@jit
+@jit(inline="always")
 def _decode_stretch(s, timing, price_decodes, room):
     """The stretch of a batch of decodes, each step priced in O(1) from the context sum and
     maximum and every member's tokens written once at the end, up to (not including) the
