@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,13 @@ os.environ.setdefault("KVSCHED_DATA_DIR", str(DATA_DIR))
 # failure in .hypothesis/ to replay first. ``HYPOTHESIS_PROFILE=ci pytest`` replays CI's.
 settings.register_profile("ci", derandomize=True, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# A shell starts a background job (``pytest &``) with Ctrl-C ignored, and every process it
+# starts inherits that: the tests that interrupt a command would find the interrupt ignored.
+# A terminal's foreground process has it, so the tests give it back (to this process, and
+# through it to the commands they start).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def replay(prompt_len, output_len, policy, kv_tokens: int, arrival=None, timing=None,
