@@ -261,11 +261,11 @@ LOOP_AND_AROUND = ((run_steps, RUN_STEPS_SIGNATURE), *AROUND_THE_LOOP)
 #: the run compiles the loop, which then loads them (each with the types the loop calls it
 #: with; a test holds them to the loop's own typing). The loop reaches them late, so the
 #: helper has usually saved them by then; a phase it has not, the loop compiles as usual.
+#: Only ``execute``: the loop reaches the steady stretch right after it, before a helper
+#: could have saved both, and would compile the stretch a second time.
 PHASES_FOR_A_HELPER = (
     (execute, (ENGINE_STATE, types.float64, types.int64, types.int64, types.int64,
                types.boolean, types.int64, types.int64, types.int64)),
-    (run_stretch, (ENGINE_STATE, TIMING_STATE, PRICE, PRICE_DECODES, types.int64,
-                   types.boolean)),
 )
 #: What a helper process may compile besides the rules, by position (a key).
 BESIDE_THE_LOOP = AROUND_THE_LOOP + PHASES_FOR_A_HELPER
@@ -297,15 +297,18 @@ def ensure_compiled(rules) -> float:
         helper, by_helper, helpers_share = None, [], set()
         if missing[0][0] is run_steps and not compiling.in_disk_cache(run_steps,
                                                                         RUN_STEPS_SIGNATURE):
-            # The helper takes the phases the loop reaches last, then the rules; the run
-            # compiles the loop and what is called around it meanwhile.
+            # The helper takes a phase the loop reaches late, the rules and the maker of the
+            # engine's record (Python needs it only once the loop is compiled); the run
+            # compiles the loop and the rest meanwhile, then loads the helper's share.
             offered = [(f, str(len(AROUND_THE_LOOP) + k))
                        for k, (f, _) in enumerate(PHASES_FOR_A_HELPER)]
             offered += [(f, kind_of[id(kind)]) for f, kind in rules if f not in _ready]
+            offered += [(RECORD_MAKERS[0][0], "0")]
             helper = compiling.compile_in_a_helper(
                 [(f.py_func.__module__, f.py_func.__qualname__, key) for f, key in offered],
                 f"{__name__}:{beside_the_loop_signature.__name__}")
             helpers_share = {f for f, _ in offered}
+            missing.sort(key=lambda item: item[0] in helpers_share)  # the run's own first
         try:
             for function, signature in missing:
                 if helper is not None and function in helpers_share:
