@@ -27,7 +27,7 @@ def load(path, **options):
 def test_nonpositive_length_names_row_and_field(tmp_path):
     path = write(tmp_path, "prompt,output\n5,3\n4,0\n")
     requests = load(path)
-    with pytest.raises(RequestError, match=r"trace.csv row 3: field output_len = 0"):
+    with pytest.raises(RequestError, match=r"trace.csv row 3: field 'output' \(output_len\) = 0"):
         requests.validate(100)
 
 

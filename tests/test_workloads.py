@@ -185,7 +185,7 @@ def test_first_rows_then_filters_then_sampling(tmp_path):
 
 def test_without_drop_a_zero_row_fails_validation_naming_the_line(tmp_path):
     requests = CsvTrace(str(write_csv(tmp_path, ROWS)), "s", "o").sample(rng())
-    with pytest.raises(RequestError, match=r"trace.csv row 3: field prompt_len = 0"):
+    with pytest.raises(RequestError, match=r"trace.csv row 3: field 's' \(prompt_len\) = 0"):
         requests.validate(kv_capacity=10_000)
 
 

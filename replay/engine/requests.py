@@ -176,6 +176,9 @@ class Requests:
     type_id: np.ndarray | None = None
     source: str = "<generated>"
     source_row: np.ndarray | None = None
+    #: The source's own name of a field where it differs (a CSV's column: ``{"prompt_len":
+    #: "input_tokens"}``), so that an error names what the user's file says.
+    source_columns: dict[str, str] = field(default_factory=dict)
     length_unit: str = "tokens"
     dropped: dict[str, int] = field(default_factory=dict)
     files: tuple[dict, ...] = ()
@@ -245,6 +248,11 @@ class Requests:
         """Human-readable location of request ``i`` for error messages."""
         where = int(self.source_row[i]) if self.source_row is not None else i
         return f"{self.source} row {where}"
+
+    def field_name(self, name: str) -> str:
+        """Field ``name`` as errors name it: the source's column, then the field."""
+        column = self.source_columns.get(name)
+        return name if column is None else f"{column!r} ({name})"
 
     def with_arrivals(self, arrival: np.ndarray) -> Requests:
         return replace(self, arrival=np.asarray(arrival, dtype=np.float64))
@@ -322,8 +330,8 @@ class Requests:
             bad = np.flatnonzero(values < 1)
             if bad.size:
                 i = int(bad[0])
-                raise RequestError(f"{self.row(i)}: field {name} = {values[i]} must be >= 1 "
-                                   f"({bad.size} such rows)")
+                raise RequestError(f"{self.row(i)}: field {self.field_name(name)} = "
+                                   f"{values[i]} must be >= 1 ({bad.size} such rows)")
         if len(self) == 0:
             dropped = f" (dropped: {self.dropped})" if self.dropped else ""
             raise RequestError(f"{self.source}: the workload has no requests{dropped}; an empty "
@@ -338,7 +346,8 @@ class Requests:
                                               | (self.arrival > MAX_ARRIVAL)))
             if bad.size:
                 i = int(bad[0])
-                raise RequestError(f"{self.row(i)}: field arrival = {self.arrival[i]} must be a "
+                raise RequestError(f"{self.row(i)}: field {self.field_name('arrival')} = "
+                                   f"{self.arrival[i]} must be a "
                                    f"finite time in [0, {MAX_ARRIVAL:g}] (beyond that, float64 "
                                    f"times cannot resolve iteration durations; is a rate tiny?)")
         peak = self.prompt_len + self.output_len

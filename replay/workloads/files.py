@@ -207,6 +207,7 @@ class CsvTrace:
             output_len=frame["output_len"].to_numpy(),
             arrival=frame["arrival"].to_numpy() if self.arrival_column else None,
             source=str(self.path), source_row=np.arange(len(frame)) + 2,
+            source_columns=columns,
             length_unit=self.length_unit, files=(record,),
         )
         caps = {"prompt_len": self.max_prompt_len, "output_len": self.max_output_len,
