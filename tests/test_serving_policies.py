@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.testing import assert_allclose
 
 from policies.protection import AlphaProtection
 from policies.sarathi import SarathiLike
@@ -228,10 +229,23 @@ def test_requeue_position_of_cleared_requests(requeue, queues):
     assert policy.queues == queues
 
 
-def test_protection_with_requeue_back_is_reproducible():
-    runs = [replay([5] * 8, [30] * 8, AlphaProtection(0.1, ClearAll()), 60,
-                   requeue="back", livelock_window=300) for _ in range(2)]
-    assert runs[0].requests.equals(runs[1].requests)
+@pytest.mark.parametrize(("requeue", "start", "completion"), [
+    ("back", 9.0, 10.0),
+    ("front", np.nan, np.nan),
+])
+def test_protection_serves_a_waiting_request_when_cleared_ones_requeue_behind_it(
+        requeue, start, completion):
+    # Unit time, M = 20, alpha = 0.5: a start must fit 10 less the KV held. Requests 0 and 1
+    # (s=2, o=10) start at 0 (3 + 3); request 2 (s=6: 7) waits while they hold 6, 8, ...
+    # The attempt at 8 would hold 2 x 11 = 22 > 20: ClearAll clears both at 9. Requeued
+    # behind request 2 (back), 2 and 0 start at 9 (7 + 3 = 10) and 2 completes at 10;
+    # requeued in front of it, 0 and 1 start again and overflow again: 2 never starts. (0
+    # and 1 never both fit, 2 x 12 > 20: both runs end livelocked.)
+    result = replay([2, 2, 6], [10, 10, 1], AlphaProtection(0.5, ClearAll()), 20,
+                    requeue=requeue, livelock_window=100)
+    assert result.status == "livelock"
+    assert (result.requests["evictions"][:2] >= 1).all()
+    assert_allclose(result.requests[["start", "completion"]].iloc[2], [start, completion])
 
 
 # ---------------------------------------------------------------------------- invariants
