@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from replay.config import compose_config
 from replay.config.cli import check_overrides, input_error_message, is_input_error
-from replay.config.validate import validate_config
+from replay.config.validate import RULE_BY_KEY, validate_config
 from replay.errors import ConfigError
 from replay.run import build_and_run
 from tests.conftest import REPO
@@ -124,11 +124,23 @@ _bases: dict = {}
                                            "allowed"),
     (["policy=sorted_lp", "policy.time_limit_s=1e18"],
      "policy.time_limit_s=1e+18 is not allowed: it must be a finite number (> 0 and <= 1e+06)"),
+    # A string is true to Python: "no" wrote the table it meant to turn off.
+    (["output.request_table=no"], "output.request_table='no' is not allowed: it must be true "
+                                  "or false"),
+    (["output.progress=1"], "output.progress=1 is not allowed"),
 ])
 def test_values_that_escaped_validation_are_refused_naming_the_key(overrides, fragment):
     with pytest.raises(ConfigError, match=None) as caught:
         validate_config(compose_config(overrides))
     assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("section", ["engine", "output"])
+def test_every_key_of_the_runs_own_sections_has_a_rule(section):
+    # Components check their own parameters when built; these keys belong to no component,
+    # so a key without a rule takes any value unchecked.
+    keys = {f"{section}.{key}" for key in compose_config([])[section]}
+    assert keys - set(RULE_BY_KEY) == set()
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

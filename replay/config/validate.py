@@ -64,6 +64,9 @@ RULES = (
     Rule("limits.max_requests", int, lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     Rule("batch_limit", (int, float), lambda v: not isinstance(v, bool) and v > 0,
          "a number > 0"),
+    *(Rule(f"output.{switch}", bool, lambda v: isinstance(v, bool), "true or false")
+      for switch in ("progress", "request_table", "iteration_table", "skip_existing",
+                     "overwrite")),
     Rule("output.fail_on", list, lambda v: all(s in FAILURE_STATUSES for s in v),
          f"a list of run statuses, each one of {', '.join(FAILURE_STATUSES)} (e.g. "
          f"[livelock, stalled])"),
