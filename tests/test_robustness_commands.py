@@ -70,6 +70,11 @@ def test_a_non_numeric_metric_refuses_its_run_not_the_column(tmp_path, capsys):
     ("traces.stats", ["workload.n=abc"], "workload.n='abc' is not allowed"),
     ("replay.crosscheck", ["--n", "0"], "at least 1"),
     ("replay.tools.fit_linear", ["--batches", "0"], "must be 1..1,000,000"),
+    ("replay.tools.fit_linear", ["--seed", "-1"], "--seed: must be 0 or more, got -1"),
+    ("replay.tools.shapes", ["--explain", "--experiment", "c3_example"],
+     "--explain needs an experiment with request types"),
+    ("replay.fluid", ["experiment=b1_wait_low", "fluid_convention=banana"],
+     "fluid_convention='banana' is not allowed"),
 ])
 @pytest.mark.slow
 def test_bad_arguments_are_one_line(name, args, fragment):
@@ -77,6 +82,17 @@ def test_bad_arguments_are_one_line(name, args, fragment):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and fragment in done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error: ")
+
+
+@pytest.mark.slow
+def test_an_output_folder_that_is_a_file_is_refused_before_the_work(tmp_path):
+    in_the_way = tmp_path / "afile"
+    in_the_way.write_text("")
+    done = module("replay.tools.attention_sources", "--out", str(in_the_way),
+                  f"data_dir={tmp_path / 'no_data'}")  # checked before the data is read
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"error: cannot write {in_the_way} (a file is in the "
+                                        f"way: {in_the_way})"]
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

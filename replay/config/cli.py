@@ -63,6 +63,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_int(text: str) -> int:
+    """A ``--seed``: a whole number >= 0 (numpy's generators take no negative seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:
     """End on Ctrl-C with one line instead of Python's traceback (:func:`say_interrupted`).
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from replay.errors import ConfigError
 from replay.fluid.model import (
     COEFFICIENTS,
+    CONVENTIONS,
     THRESHOLD_RULES,
     TypeMix,
     condition_11,
@@ -31,6 +32,9 @@ def describe(cfg) -> dict:
         raise ConfigError("replay.fluid needs a typed workload (workload=typed or an "
                           "experiment that sets workload.types)")
     convention = cfg.get("fluid_convention", "harness")
+    if convention not in CONVENTIONS:  # the model's own check names no key
+        raise ConfigError(f"fluid_convention={convention!r} is not allowed: it must be one of "
+                          f"{', '.join(CONVENTIONS)}")
     # The workload's effective rates (after total_rate / load rescaling).
     mix = TypeMix.from_types(list(instantiate(cfg.workload).types), convention)
     coefficients = linear_coefficients(cfg)

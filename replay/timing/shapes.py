@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 
 from replay.config.cli import compose
 from replay.engine.timing import BatchShape
+from replay.errors import ConfigError
 from replay.timing.vidur_tables import TOKEN_OPS, TOKEN_ROUNDING
 
 MODEL_HARDWARE = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"))
@@ -57,7 +58,8 @@ def typical_iteration(experiment: str, overrides=()) -> tuple[BatchShape, dict]:
 
     cfg = compose([f"experiment={experiment}", *overrides])
     if "types" not in cfg.workload:
-        raise ValueError(f"--explain needs a typed experiment; {experiment} has no types")
+        raise ConfigError(f"--experiment {experiment}: --explain needs an experiment with "
+                          f"request types (workload.types), and {experiment} has none")
     mix = TypeMix.from_types(list(instantiate(cfg.workload).types))
     batch_limit = cfg.policy.get("batch_limit", cfg.get("batch_limit")) or 512
     n = wait_thresholds(mix, "fluid", batch_limit)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from replay.config.cli import CommandParser, compose, run_or_exit
 from replay.storage.data import require_file
+from replay.storage.outputs import ensure_writable_dir
 from replay.timing import aiconfigurator, attention_7b
 from replay.timing.profiles_fetch import fetch_hint, profile_paths
 
@@ -87,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("outputs/attention_sources"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides (e.g. data_dir=...)")
     args = parser.parse_args(argv)
+    ensure_writable_dir(args.out)  # before the work, not after it
     cfg = compose(["model=llama2_7b", "hardware=a100x1", "timing=vidur", *args.overrides])
     source = require_file(
         profile_paths(Path(cfg.timing.profile_dir), MODEL_70B, "a100")["attention"],
         fetch_hint("attention", MODEL_70B, "a100"))
     tables = compare(pd.read_csv(source))
-    args.out.mkdir(parents=True, exist_ok=True)
     for phase, table in tables.items():
         table.to_csv(args.out / f"{phase}.csv", index=False)
     print(f"# ms per layer; Vidur 70B TP2 profile {source}; kernel tables "

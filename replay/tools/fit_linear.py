@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from replay.config.cli import CommandParser, run_or_exit
+from replay.config.cli import CommandParser, run_or_exit, seed_int
 from replay.timing.fit_linear import MAX_BATCHES, fit_and_report
 
 
@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m replay.tools.fit_linear", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=batch_count, default=4000,
                         help=f"batches in the fitting mix, 1..{MAX_BATCHES:,}")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0,
+                        help="seed of the fitting mix, a whole number >= 0")
     parser.add_argument("--out", type=Path, default=Path("outputs/timing/fit_linear"))
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both models")
     raw = list(sys.argv[1:] if argv is None else argv)
