@@ -243,9 +243,26 @@ def test_a_runs_summary_json_has_exactly_the_documented_fields(tmp_path):
 
 
 def test_the_request_and_iteration_tables_match_their_documentation(small_run):
-    assert set(small_run.requests.columns) <= metrics_table("Per request: `requests.parquet`")
-    documented = metrics_table("Per iteration: `iterations.parquet`")
-    assert set(small_run.iterations.columns) <= documented
+    # Both ways: a run with the prefix cache on writes every documented column (a column the
+    # code stopped writing would otherwise stay in the table), one without writes all but
+    # those the table marks as the cache's.
+    from replay.run import build_engine
+
+    cfg = compose_config(["workload=shared_prefix", "workload.n=20", "kv.block_size=16",
+                          "kv.prefix_cache=block_hash", "policy=vllm"])
+    with_cache = build_engine(cfg)[0].run()
+    for title, table in (("Per request: `requests.parquet`", "requests"),
+                         ("Per iteration: `iterations.parquet`", "iterations")):
+        documented = metrics_table(title)
+        assert set(getattr(with_cache, table).columns) == documented
+        assert documented - set(getattr(small_run, table).columns) == cache_only_columns(title)
+
+
+def cache_only_columns(title: str) -> set[str]:
+    text = (DOCS / "metrics.md").read_text()
+    section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+    return {name for line in section.splitlines() if "with the prefix cache on only" in line
+            for name in re.findall(r"`([\w.]+)`", line.split("|")[1])}
 
 
 # ------------------------------------------------------------------------------ --help
