@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
 
 from replay.config import CONFIG_DIR, compose_config
+from replay.config.validate import validate_config
 from tests.conftest import DATA_DIR
 
 CONFIGS = CONFIG_DIR
@@ -54,12 +56,13 @@ def test_config_composes_and_instantiates(group, option):
     prefix = "+" if group in APPENDED else ""
     cfg = compose_with(f"{prefix}{group}={option}", *REQUIRED.get((group, option), []))
     if group in GLOBAL_GROUPS:
-        if cfg.study is not None:
-            assert callable(instantiate(cfg.study, _partial_=True))
+        if cfg.study is not None:  # a study runs later: its function takes every key given
+            study = instantiate(cfg.study, _partial_=True)
+            inspect.signature(study.func).bind_partial(**study.keywords)
         else:
             instantiate_components(cfg, skip={"timing"} if cfg.timing.get("profile_dir") else ())
-    elif (group, option) in NEEDS_DATA:
-        assert "_target_" in cfg[group]
+    elif (group, option) in NEEDS_DATA:  # declared parameters checked, no profile read
+        assert validate_config(cfg)[group]["_target_"] == cfg[group]["_target_"]
     elif group in COMPONENTS:
         assert instantiate(cfg[group]) is not None
     else:

@@ -26,8 +26,8 @@ def test_terms_and_duration_by_hand():
 def test_zero_new_terms_price_as_before():
     batch = BatchShape(np.array([7, 1, 1]), np.array([0, 9, 12]), np.array([True, False, False]))
     old = LinearTiming(0.01, 1e-4, 5e-4)
-    touched, prefill, _, _ = LinearTiming.terms(batch)
-    assert old.duration(batch) == 0.01 + 1e-4 * touched + 5e-4 * prefill
+    # touched: 7 + (9 + 1) + (12 + 1) = 30 tokens; prefill: 7
+    assert old.duration(batch) == pytest.approx(0.01 + 1e-4 * 30 + 5e-4 * 7, rel=1e-12)
 
 
 def test_coefficients_are_checked():
