@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from policies.a_min import AMin
 from policies.common.fmetric import (
+    batches_to_order,
     check_options,
     f_metric,
     fits,
     phase1_order,
+    select,
     select_dp,
     select_quantile,
     select_swap,
@@ -96,9 +98,18 @@ def test_every_solver_returns_a_feasible_plan_of_every_request(kv, data, feasibi
     s = np.array(data.draw(st.lists(st.integers(1, kv // 2), min_size=n, max_size=n)))
     o = np.array([data.draw(st.integers(1, kv - x)) for x in s])
     for solver in (["dp"] if feasibility == "peak_sum" else []) + ["swap", "quantile"]:
-        order = phase1_order(solver, s, o, np.arange(n), kv, feasibility,
-                             np.random.default_rng(0))
+        rng, batches = np.random.default_rng(0), []
+
+        def choose(pool, solver=solver, rng=rng, batches=batches):
+            chosen = select(solver, s[pool], o[pool], pool, kv, feasibility, rng)
+            batches.append(pool[np.asarray(chosen, dtype=np.int64)])
+            return chosen
+
+        order = batches_to_order(s, o, np.arange(n), kv, choose)
         assert sorted(order.tolist()) == list(range(n))
+        assert all(fits(s, o, batch, kv, feasibility) for batch in batches)
+        assert order.tolist() == phase1_order(solver, s, o, np.arange(n), kv, feasibility,
+                                              np.random.default_rng(0)).tolist()
 
 
 def test_staggered_is_the_lookahead_peak_and_weaker_than_peak_sum():
