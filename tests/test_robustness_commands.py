@@ -75,6 +75,8 @@ def test_a_non_numeric_metric_refuses_its_run_not_the_column(tmp_path, capsys):
      "--explain needs an experiment with request types"),
     ("replay.fluid", ["experiment=b1_wait_low", "fluid_convention=banana"],
      "fluid_convention='banana' is not allowed"),
+    ("replay.tools.timing_sources", ["--frameworks", "vllm,nosuch"],
+     "--frameworks: nosuch is not one of vllm,sglang,trtllm"),
 ])
 @pytest.mark.slow
 def test_bad_arguments_are_one_line(name, args, fragment):

@@ -16,6 +16,7 @@ command, date and commit that produced them:
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import sys
@@ -28,11 +29,11 @@ from hydra.utils import instantiate
 from replay.config import compose_config
 from replay.config.cli import CommandParser, run_or_exit
 from replay.storage.outputs import atomic_write_text, ensure_writable_dir, git_describe
+from replay.timing.aiconfigurator_timing import FRAMEWORKS
 from replay.timing.shapes import standard_shapes
 
 #: (model, hardware) pairs on A100 that Vidur's profiles cover.
 VIDUR_PAIRS = (("llama2_70b", "a100x2"), ("llama2_7b", "a100x1"), ("llama3_8b", "a100x1"))
-FRAMEWORKS = ("vllm", "sglang", "trtllm")
 #: The GPU with both a per-layer profile and kernel tables, and its model.
 BOTH_SOURCES = ("llama3_1_8b", "rtxpro6000x1")
 #: The real runs' folders: ``<gpu>/<model>/vllm/meta.json`` under ``data_dir/vllm_logs/*/``.
@@ -190,16 +191,26 @@ subtracted (the run's meta.json does not break it down).
 """
 
 
+def framework_list(text: str) -> tuple[str, ...]:
+    """``--frameworks``: some of :data:`FRAMEWORKS`, comma-separated."""
+    frameworks = tuple(f for f in text.split(",") if f)
+    unknown = [f for f in frameworks if f not in FRAMEWORKS]
+    if unknown or not frameworks:
+        raise argparse.ArgumentTypeError(f"{','.join(unknown) or 'nothing'} is not one of "
+                                         f"{','.join(FRAMEWORKS)}")
+    return frameworks
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         prog="python -m replay.tools.timing_sources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/timing-sources.md"))
-    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                        help="aiconfigurator frameworks to compare with Vidur")
+    parser.add_argument("--frameworks", type=framework_list, default=FRAMEWORKS,
+                        help=f"aiconfigurator frameworks to compare with Vidur, comma-separated "
+                             f"(of {','.join(FRAMEWORKS)})")
     args = parser.parse_args(argv)
-    frameworks = tuple(f for f in args.frameworks.split(",") if f)
-    text = page(frameworks)
-    ensure_writable_dir(args.out.parent)
+    ensure_writable_dir(args.out.parent)  # before the work, not after it
+    text = page(args.frameworks)
     atomic_write_text(args.out, text)
     print(text)
     print(f"saved {args.out}")
