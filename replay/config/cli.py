@@ -51,27 +51,25 @@ class CommandParser(argparse.ArgumentParser):
         fail(f"{message} (see {self.prog} --help)")
 
 
-def positive_int(text: str) -> int:
-    """An argument that counts something (``--n``, ``--repeat``, ``--jobs``): a whole
-    number >= 1."""
+def _whole_number(text: str, least: int, words: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {words}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argument that counts something (``--n``, ``--repeat``, ``--jobs``): a whole
+    number >= 1."""
+    return _whole_number(text, 1, "at least 1")
 
 
 def seed_int(text: str) -> int:
     """A ``--seed``: a whole number >= 0 (numpy's generators take no negative seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _whole_number(text, 0, "0 or more")
 
 
 def interrupted(exc: KeyboardInterrupt, hint: str = "") -> NoReturn:
