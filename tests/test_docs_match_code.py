@@ -199,14 +199,14 @@ def test_every_documented_reproduce_target_exists():
 
 
 # ------------------------------------------------------------------------------ metrics
-def metrics_table(title: str) -> set[str]:
+def metrics_table(title: str, marked: str = "") -> set[str]:
     """The field names in the first column of the table under ``title`` in metrics.md
-    (patterns such as ``p<q>_ttft`` left out)."""
+    (patterns such as ``p<q>_ttft`` left out), of the rows that say ``marked`` if given."""
     text = (DOCS / "metrics.md").read_text()
     section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
     names = set()
     for line in section.splitlines():
-        if line.startswith("| `"):
+        if line.startswith("| `") and marked in line:
             names |= {n for n in re.findall(r"`([\w.]+)`", line.split("|")[1])}
     return names
 
@@ -255,14 +255,8 @@ def test_the_request_and_iteration_tables_match_their_documentation(small_run):
                          ("Per iteration: `iterations.parquet`", "iterations")):
         documented = metrics_table(title)
         assert set(getattr(with_cache, table).columns) == documented
-        assert documented - set(getattr(small_run, table).columns) == cache_only_columns(title)
-
-
-def cache_only_columns(title: str) -> set[str]:
-    text = (DOCS / "metrics.md").read_text()
-    section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
-    return {name for line in section.splitlines() if "with the prefix cache on only" in line
-            for name in re.findall(r"`([\w.]+)`", line.split("|")[1])}
+        cache_only = metrics_table(title, marked="with the prefix cache on only")
+        assert documented - set(getattr(small_run, table).columns) == cache_only
 
 
 # ------------------------------------------------------------------------------ --help
