@@ -94,10 +94,11 @@ PINNED: dict[str, tuple] = {
     "paper_fcfs": ("completed", "6c1dcac2b0923cc3", "8dd88a5670f7944b",
                    57139, 3528.5574825459944, 0.6210496368000236),
     # The two WAIT pins price with the Llama-2-7B Vidur tables, trained on first use from
-    # the derived attention table. Those tables move with the installed packages, not with
-    # the engine: twice so far (2026-11-29; 2026-12-08, a new machine's fresh install, where
-    # fae459e gave the same new values and the other seventeen pins held). So the tables
-    # are pinned too (TABLES_7B), and a move of theirs fails as such.
+    # the derived attention table. Those tables move with the environment (the installed
+    # packages or the machine; which one was not measured), not with the engine: twice so
+    # far (2026-11-29; 2026-12-08, a new machine's fresh install, where fae459e gave the same
+    # new values, a second training the same tables, and the other seventeen pins held). So
+    # the tables are pinned too (TABLES_7B), and a move of theirs fails as such.
     "wait_b1": ("completed", "bc627299504ff6b7", "4b5243e4d49004ed",
                 13792, 852.7169325096957, 0.08179335394334153),
     "nested_wait_b2": ("completed", "3357fa127b4e41cb", "9ccf588e4b2ccbd8",
@@ -121,8 +122,8 @@ def outcome(name: str) -> tuple:
         tables = hashlib.sha256((Path(timing["cache"]) / "tables.npz").read_bytes())
         assert tables.hexdigest()[:16] == TABLES_7B, (
             "the Llama-2-7B Vidur tables differ from those the WAIT pins were taken with: "
-            "the installed packages moved them, not the engine (the other pins say whether "
-            "it moved); take both WAIT pins and TABLES_7B again")
+            "the environment moved them, not the engine (the other pins say whether it "
+            "moved); take both WAIT pins and TABLES_7B again")
     gaps = result.token_gaps
     gaps._flush()
     return (result.status, digest(result.requests), digest(result.iterations), gaps.count,
